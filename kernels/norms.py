@@ -1,0 +1,117 @@
+"""RMSNorm and LayerNorm over the last dimension.
+
+Layout contract:
+  rmsnorm_kernel(x, weight, eps):            y = x * rsqrt(mean(x², -1) + eps) * weight
+  layernorm_kernel(x, weight, bias, eps):    y = (x - mean) * rsqrt(var + eps) * weight + bias (biased var)
+  x       [..., D], any rank ≥ 2, any D (fp32, bf16 or fp16); rows = product of the leading dims
+  weight  [D] or None (no scale); bias [D] or None (layernorm only)
+  returns a tensor of x's shape and dtype; statistics are computed in fp32.
+
+Tiling: rows go on the 128 partitions, D along the free dim in chunks of up to 8192 columns. ScalarE makes
+the statistics in streaming passes with its free-dim add-reduction (Σx² for RMSNorm; Σx, then Σ(x-mean)²
+for LayerNorm, which stays exact when |mean| ≫ std), and VectorE applies them (per-row scale, then the
+weight/bias rows, broadcast once to all partitions by a K=1 matmul). A row block that fits one chunk is read
+from HBM once; longer rows are re-read per pass.
+"""
+
+import nki
+import nki.isa as nisa
+import nki.language as nl
+
+from .contract import require, require_float, require_vector
+from .tiling import PMAX, as_rows, broadcast_rows
+
+COLS = 8192  # columns per chunk
+CACHED_CHUNKS = 4  # weight/bias rows kept on chip for up to this many chunks; longer rows re-broadcast them
+
+
+@nki.jit
+def rmsnorm_kernel(x, weight=None, eps=1e-6):
+    """RMSNorm over the last dim; see the module docstring."""
+    return _norm(x, weight, None, eps, False)
+
+
+@nki.jit
+def layernorm_kernel(x, weight=None, bias=None, eps=1e-5):
+    """LayerNorm over the last dim; see the module docstring."""
+    return _norm(x, weight, bias, eps, True)
+
+
+def _norm(x, weight, bias, eps, centre):
+    name = "layernorm_kernel" if centre else "rmsnorm_kernel"
+    require(len(x.shape) >= 2, name, f"x must have at least 2 dims (rows, D), got {tuple(x.shape)}")
+    require_float(name, "x", x)
+    for label, param in (("weight", weight), ("bias", bias)):
+        if param != None:  # noqa: E711
+            require_vector(name, label, param, x.shape[-1])
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    xr, outr = as_rows(x), as_rows(out)
+    rows, d = xr.shape
+    chunks = [(c0, min(COLS, d - c0)) for c0 in range(0, d, COLS)]
+    has_weight, has_bias = weight != None, bias != None  # noqa: E711 (NKI forbids `is`)
+    w_rows = _param_rows(weight, chunks, x.dtype) if has_weight else None
+    b_rows = _param_rows(bias, chunks, x.dtype) if has_bias else None
+    for r0 in range(0, rows, PMAX):
+        pr = min(PMAX, rows - r0)
+        kept = None
+        if len(chunks) == 1:
+            kept = nl.ndarray((PMAX, d), dtype=x.dtype, buffer=nl.sbuf)
+            nisa.dma_copy(dst=kept[0:pr, 0:d], src=xr[r0 : r0 + pr, 0:d])
+        neg_mean = None
+        if centre:
+            neg_mean = _row_sum(xr, r0, pr, chunks, kept, nl.copy, None)
+            nisa.tensor_scalar(dst=neg_mean[0:pr, 0:1], data=neg_mean[0:pr, 0:1], op0=nl.multiply, operand0=-1.0 / d)
+        rstd = _row_sum(xr, r0, pr, chunks, kept, nl.square, neg_mean)
+        nisa.tensor_scalar(dst=rstd[0:pr, 0:1], data=rstd[0:pr, 0:1], op0=nl.multiply, operand0=1.0 / d,
+                           op1=nl.add, operand1=eps)
+        nisa.activation(dst=rstd[0:pr, 0:1], op=nl.rsqrt, data=rstd[0:pr, 0:1])
+        for i, (c0, cc) in enumerate(chunks):
+            tile = kept if kept != None else _load(xr, r0, pr, c0, cc)  # noqa: E711
+            y = nl.ndarray((PMAX, cc), dtype=x.dtype, buffer=nl.sbuf)
+            if centre:
+                nisa.tensor_scalar(dst=y[0:pr, 0:cc], data=tile[0:pr, 0:cc], op0=nl.add, operand0=neg_mean[0:pr, 0:1],
+                                   op1=nl.multiply, operand1=rstd[0:pr, 0:1])
+            else:
+                nisa.tensor_scalar(dst=y[0:pr, 0:cc], data=tile[0:pr, 0:cc], op0=nl.multiply, operand0=rstd[0:pr, 0:1])
+            if has_weight:
+                w = _param_chunk(weight, w_rows, chunks, i, x.dtype)
+                nisa.tensor_tensor(dst=y[0:pr, 0:cc], data1=y[0:pr, 0:cc], data2=w[0:pr, 0:cc], op=nl.multiply)
+            if has_bias:
+                b = _param_chunk(bias, b_rows, chunks, i, x.dtype)
+                nisa.tensor_tensor(dst=y[0:pr, 0:cc], data1=y[0:pr, 0:cc], data2=b[0:pr, 0:cc], op=nl.add)
+            nisa.dma_copy(dst=outr[r0 : r0 + pr, c0 : c0 + cc], src=y[0:pr, 0:cc])
+    return out
+
+
+def _param_rows(vec, chunks, dtype):
+    """A [D] parameter broadcast to 128 partitions per chunk: a list of tiles, or None where the row is too
+    long to keep on chip (then `_param_chunk` broadcasts each chunk when it is needed)."""
+    if len(chunks) > CACHED_CHUNKS:
+        return None
+    return [broadcast_rows(vec, c0, cc, dtype) for c0, cc in chunks]
+
+
+def _param_chunk(vec, cache, chunks, i, dtype):
+    if cache != None:  # noqa: E711
+        return cache[i]
+    return broadcast_rows(vec, chunks[i][0], chunks[i][1], dtype)
+
+
+def _load(xr, r0, pr, c0, cc):
+    tile = nl.ndarray((PMAX, cc), dtype=xr.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=tile[0:pr, 0:cc], src=xr[r0 : r0 + pr, c0 : c0 + cc])
+    return tile
+
+
+def _row_sum(xr, r0, pr, chunks, kept, op, bias):
+    """Σ op(x + bias) over each row as a [128, 1] fp32 tile, on ScalarE (activation with add-reduction)."""
+    total = nl.ndarray((PMAX, 1), dtype=nl.float32, buffer=nl.sbuf)
+    for i, (c0, cc) in enumerate(chunks):
+        tile = kept if kept != None else _load(xr, r0, pr, c0, cc)  # noqa: E711
+        part = total if i == 0 else nl.ndarray((PMAX, 1), dtype=nl.float32, buffer=nl.sbuf)
+        scratch = nl.ndarray((PMAX, cc), dtype=xr.dtype, buffer=nl.sbuf)
+        nisa.activation_reduce(dst=scratch[0:pr, 0:cc], op=op, data=tile[0:pr, 0:cc], reduce_op=nl.add,
+                               reduce_res=part[0:pr, 0:1], bias=bias[0:pr, 0:1] if bias != None else None)  # noqa: E711
+        if i > 0:
+            nisa.tensor_tensor(dst=total[0:pr, 0:1], data1=total[0:pr, 0:1], data2=part[0:pr, 0:1], op=nl.add)
+    return total

@@ -1,0 +1,121 @@
+"""The torch.compile backend: `torch.compile(model, backend="neuron")` (or "neuron_dynamo") lands here.
+
+Registration is only through the `torch_dynamo_backends` entry points (pyproject.toml); importing this module
+registers nothing and changes no Dynamo config. Each Dynamo graph goes through AOTAutograd, and its forward,
+backward and inference graphs all go through `compile_graph`.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from collections.abc import Callable, Sequence
+from importlib import metadata
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch._dynamo.backends.common import aot_autograd
+
+from neuron_dynamo import counters
+from neuron_dynamo.compiler import compile_graph, next_graph_name
+from neuron_dynamo.errors import NeuronDynamoError
+from neuron_dynamo.options import OptionError, resolve_options
+from neuron_dynamo.passes.decompositions import decomposition_table
+from neuron_dynamo.toolchain import nki_toolchain_info, resolve_target
+
+log = logging.getLogger("neuron_dynamo.backend")
+
+BACKEND_NAMES = ("neuron", "neuron_dynamo")
+OUR_ENTRY_POINT = "neuron_dynamo.backend:neuron_backend"
+LOG_ENV = "NEURON_DYNAMO_LOG"
+_LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+
+
+def neuron_backend(
+    gm: fx.GraphModule, example_inputs: Sequence[Any], *, options: dict[str, Any] | None = None,
+    mode: str | None = None, **unexpected: Any,
+) -> Callable[..., Any]:
+    """Compile one Dynamo graph. Options are validated, and the target resolved, before anything is traced."""
+    if unexpected:
+        raise OptionError(
+            f"torch.compile passed {', '.join(sorted(unexpected))} to backend 'neuron'; "
+            "only options={...} and mode= are accepted"
+        )
+    configure_logging()
+    resolved = resolve_options(options, mode)
+    resolve_target(resolved.target)
+    counters.bump("dynamo_graphs")
+    name = next_graph_name()
+    log.debug("%s: Dynamo graph with %d inputs, options %s", name, len(example_inputs), resolved)
+
+    def compiler(kind: str) -> Callable[[fx.GraphModule, Sequence[Any]], Any]:
+        return functools.partial(compile_graph, options=resolved, name=name, kind=kind)
+
+    return aot_autograd(
+        fw_compiler=compiler("forward"),
+        bw_compiler=compiler("backward"),
+        inference_compiler=compiler("inference"),
+        decompositions=decomposition_table(),
+    )(gm, example_inputs)
+
+
+@functools.cache
+def configure_logging() -> None:
+    """Honour NEURON_DYNAMO_LOG=info|debug by giving the `neuron_dynamo` logger a handler and that level.
+
+    Only on explicit request, and only our own logger: without the variable, the user's logging setup rules.
+    """
+    value = os.environ.get(LOG_ENV, "").strip().lower()
+    if not value:
+        return
+    if value not in _LOG_LEVELS:
+        raise OptionError(f"{LOG_ENV}={value!r} is not a log level; use one of {', '.join(_LOG_LEVELS)}")
+    logger = logging.getLogger("neuron_dynamo")
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("[%(name)s] %(levelname)s %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(_LOG_LEVELS[value])
+
+
+def _provider(entry_point: metadata.EntryPoint) -> str:
+    dist = getattr(entry_point, "dist", None)
+    return f"{dist.name if dist else '?'}: {entry_point.value}"
+
+
+def backend_info() -> dict[str, Any]:
+    """Which provider `backend="neuron"` resolves to, this package's version, the target and the NKI toolchain.
+
+    AWS's TorchNeuron also registers the name `neuron`; when two packages claim it, torch takes the first entry
+    point without a warning, so this says which one won (`neuron_dynamo` always names this package).
+    """
+    claims = [ep for ep in metadata.entry_points(group="torch_dynamo_backends") if ep.name == "neuron"]
+    loaded = torch._dynamo.backends.registry._COMPILER_FNS.get("neuron")
+    if loaded is not None:
+        resolves_to = f"{loaded.__module__}:{loaded.__qualname__}"
+    else:
+        resolves_to = claims[0].value if claims else None
+    nki = nki_toolchain_info()
+    try:
+        version = metadata.version("neuron-dynamo")
+    except metadata.PackageNotFoundError:
+        version = "unknown"
+    options = resolve_options()
+    try:
+        target = resolve_target(options.target).name
+    except NeuronDynamoError as exc:
+        target = f"unavailable: {exc}"
+    return {
+        "backend_names": list(BACKEND_NAMES),
+        "neuron_resolves_to": resolves_to,
+        "neuron_is_neuron_dynamo": resolves_to == OUR_ENTRY_POINT,
+        "neuron_providers": [_provider(ep) for ep in claims],
+        "version": version,
+        "target": target,
+        "target_option": options.target,
+        "nki_provider": nki.get("provider"),
+        "nki_version": nki.get("version"),
+        "nki_target": nki.get("target"),
+        "genuine_nki": bool(nki.get("genuine")),
+    }

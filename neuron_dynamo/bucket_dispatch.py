@@ -1,0 +1,283 @@
+"""One graph with symbolic sizes served by a few static programs: pick bucket, pad, run, slice.
+
+`BucketedGraph` wraps an aten graph with symbolic dims (from `dynamic=True`, automatic dynamic or `mark_dynamic`).
+At each call it reads the real sizes from the arguments, rounds them up to buckets (`passes/bucketing.py`), pads the
+inputs with zeros, runs the static program compiled (once, lazily) for that bucket from the graph the padding proof
+transformed (`passes/padding.py`), and slices the outputs back using their sympy size expressions evaluated at the
+real sizes. Dispatch happens here, inside the backend, so Dynamo sees one graph and never recompiles for a length.
+
+When the proof refuses, the graph runs at each call's exact sizes (one program per distinct shape) and the reason is
+logged and counted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+
+import sympy
+import torch
+import torch.fx as fx
+
+from neuron_dynamo import counters
+from neuron_dynamo.passes.bucketing import BucketConfig, BucketingError, BucketPlan, plan_buckets
+from neuron_dynamo.passes.padding import PaddingProof, prove_padding
+from neuron_dynamo.passes.specialize import SpecializationError, StaticGraph, evaluate, specialize
+
+log = logging.getLogger("neuron_dynamo.bucket_dispatch")
+
+# Compiles one static specialisation into a callable taking its tensor inputs (the backend's compile step).
+CompileStatic = Callable[[fx.GraphModule, list], Callable]
+
+
+def compile_reference(gm: fx.GraphModule, example_inputs: list) -> Callable:
+    """Run a static graph with torch itself (the `reference` path, and the default for tests of this module)."""
+    return gm
+
+
+@dataclasses.dataclass
+class BucketStats:
+    """What one bucketed graph did: programs built, calls per bucket, padding waste and refusals."""
+
+    programs: dict[str, int] = dataclasses.field(default_factory=dict)  # program key -> compile count
+    calls: Counter = dataclasses.field(default_factory=Counter)  # program key -> calls
+    padded_elements: int = 0
+    real_elements: int = 0
+    refusals: list[str] = dataclasses.field(default_factory=list)
+    masks: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def padding_ratio(self) -> float:
+        """Input elements the programs processed per real input element (1.0: no padding)."""
+        return self.padded_elements / self.real_elements if self.real_elements else 1.0
+
+    @property
+    def padding_waste(self) -> float:
+        """The share of processed input elements that were padding."""
+        return 1.0 - self.real_elements / self.padded_elements if self.padded_elements else 0.0
+
+    def to_dict(self) -> dict:
+        return {
+            "programs_compiled": len(self.programs),
+            "programs": sorted(self.programs),
+            "calls_per_program": dict(self.calls),
+            "padded_elements": self.padded_elements,
+            "real_elements": self.real_elements,
+            "padding_ratio": round(self.padding_ratio, 4),
+            "padding_waste": round(self.padding_waste, 4),
+            "refusals": list(self.refusals),
+            "masks_inserted": len(self.masks),
+        }
+
+
+@dataclasses.dataclass
+class _Program:
+    static: StaticGraph
+    run: Callable
+
+
+def bucket_config(options) -> BucketConfig:
+    """The `BucketConfig` described by the backend options (`bucket_policy`, `buckets`, `bucket_dims`, ...)."""
+    per_dim = {}
+    for entry in options.bucket_dims:
+        dim, sep, spec = entry.partition("=")
+        if not sep or not dim.strip().lstrip("-").isdigit():
+            raise BucketingError(f"bucket_dims entry {entry!r} must look like DIM=POLICY, e.g. '0=pow2' or '1=64'")
+        spec = spec.strip()
+        per_dim[int(dim)] = int(spec) if spec.isdigit() else spec
+    return BucketConfig.from_options(
+        policy=options.bucket_policy,
+        multiple=options.bucket_multiple,
+        buckets=options.buckets,
+        max_bucket=options.max_bucket or None,
+        beyond_max=options.beyond_max_bucket,
+        per_dim=per_dim,
+    )
+
+
+def bucketed_graph(gm: fx.GraphModule, config: BucketConfig, compile_static: CompileStatic, name: str):
+    """A `BucketedGraph` for `gm`, or None when its symbolic sizes cannot be bucketed (logged and counted)."""
+    placeholders = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
+    try:
+        if plan_buckets(placeholders, config) is None:
+            return None
+    except BucketingError as error:
+        log.info("%s: not bucketed, running at exact shapes: %s", name, error)
+        counters.bump("bucketing.graphs_refused")
+        counters.bump("bucketing.refusals.unbound_symbol")
+        return None
+    return BucketedGraph(gm, config, compile_static, name)
+
+
+class BucketedGraph:
+    """A callable serving every size of a symbolic aten graph from per-bucket static programs.
+
+    Called like the backend's `CompiledGraph`: with ONE list of arguments (AOTAutograd's boxed convention);
+    `run(*args)` is the unboxed form.
+    """
+
+    def __init__(
+        self,
+        gm: fx.GraphModule,
+        config: BucketConfig | None = None,
+        compile_static: CompileStatic = compile_reference,
+        name: str = "graph",
+    ) -> None:
+        self.gm = gm
+        self.name = name
+        self.compile_static = compile_static
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        self._values = [n.meta.get("val") for n in placeholders]
+        self.plan: BucketPlan | None = plan_buckets(self._values, config or BucketConfig())
+        if self.plan is None:
+            raise ValueError(f"{name} has no symbolic input size; compile it as a static graph")
+        self.stats = BucketStats()
+        self.proof: PaddingProof = prove_padding(gm, self.plan.symbols)
+        if self.proof.safe:
+            self.stats.masks = list(self.proof.masks)
+        else:
+            self._refuse(self.proof.reason)
+        output = next(n for n in gm.graph.nodes if n.op == "output")
+        self._outputs = [
+            leaf.meta.get("val") if isinstance(leaf, fx.Node) else leaf
+            for leaf in torch.utils._pytree.tree_leaves(output.args[0])
+        ]
+        self._programs: dict[tuple, _Program] = {}
+        self._failed: set[tuple] = set()
+        self._boxed_call = True
+        counters.bump("bucketing.graphs")
+
+    @property
+    def programs(self) -> dict[tuple, _Program]:
+        return self._programs
+
+    def _refuse(self, reason: str) -> None:
+        log.info("%s: padding refused, running at exact shapes: %s", self.name, reason)
+        counters.bump("bucketing.graphs_refused")
+        counters.bump(f"bucketing.refusals.{reason.split(' ', 1)[0]}")
+        if reason not in self.stats.refusals:
+            self.stats.refusals.append(reason)
+
+    # ---- the call ------------------------------------------------------------------------------------------------
+
+    def __call__(self, args: list):
+        inputs = list(args)
+        args.clear()
+        return self.run(*inputs)
+
+    def run(self, *args):
+        real = self.plan.bind(args)
+        bucket = self.plan.choose(real)
+        beyond = any(p.limit is not None and real[s] > p.limit for s, p in self.plan.policies.items())
+        padded = self.proof.safe and not beyond and tuple(bucket.items()) not in self._failed
+        if padded:
+            try:
+                program, key = self._program(bucket, padded=True)
+            except SpecializationError as error:  # the graph's own guards exclude this bucket size
+                self._failed.add(tuple(bucket.items()))
+                self._refuse(f"bucket {_show(bucket)} not traceable, running exact: {error}")
+                padded = False
+        sizes = bucket if padded else real
+        if not padded:
+            program, key = self._program(real, padded=False)
+        self.stats.calls[key] += 1
+        counters.bump("calls")
+        counters.bump("bucketing.calls")
+        counters.bump(f"bucketing.{self.name}.calls.{key}")
+        results = program.run(*self._inputs(args, real, sizes, padded))
+        return self._outputs_at(results, real, sizes)
+
+    def _program(self, sizes: Mapping[sympy.Symbol, int], padded: bool) -> tuple[_Program, str]:
+        key = ("bucket" if padded else "exact", *(sizes[s] for s in self.plan.symbols))
+        shown = f"{key[0]}[{_show(sizes)}]"
+        if key not in self._programs:
+            graph = self.proof.graph if padded else self.gm
+            static = specialize(graph, sizes)
+            run = self.compile_static(static.gm, static.example_inputs)
+            report = getattr(run, "report", None)
+            if report is not None and hasattr(report, "bucket"):
+                report.bucket = shown
+                report.bucket_stats = self.stats
+            self._programs[key] = _Program(static, run)
+            self.stats.programs[shown] = self.stats.programs.get(shown, 0) + 1
+            counters.bump("bucketing.programs")
+            counters.bump(f"bucketing.{self.name}.programs")
+            log.debug("%s: compiled %s", self.name, shown)
+        return self._programs[key], shown
+
+    def _inputs(self, args: Sequence, real: Mapping, sizes: Mapping, padded: bool) -> list:
+        program_inputs = []
+        for arg, value in zip(args, self._values, strict=False):
+            if not isinstance(value, torch.Tensor):
+                continue
+            target = [evaluate(s.node.expr, sizes) if isinstance(s, torch.SymInt) else int(s) for s in value.shape]
+            if any(isinstance(s, torch.SymInt) for s in value.shape):
+                self._count_elements(_numel(target), arg.numel())
+            if list(arg.shape) != target:
+                arg = _pad_to(arg, target)
+            program_inputs.append(arg)
+        if padded:
+            program_inputs.extend(torch.tensor(real[s], dtype=torch.int64) for s in self.plan.symbols)
+        return program_inputs
+
+    def _count_elements(self, padded: int, real: int) -> None:
+        self.stats.padded_elements += padded
+        self.stats.real_elements += real
+        for prefix in ("bucketing", f"bucketing.{self.name}"):
+            counters.bump(f"{prefix}.padded_elements", padded)
+            counters.bump(f"{prefix}.real_elements", real)
+
+    def _outputs_at(self, results, real: Mapping, sizes: Mapping) -> list:
+        flat = list(results) if isinstance(results, (tuple, list)) else [results]
+        factors = self.proof.output_factors if self.proof.safe else []
+        outputs = []
+        for position, (result, value) in enumerate(zip(flat, self._outputs, strict=True)):
+            if isinstance(value, (torch.SymInt, torch.SymFloat)):
+                outputs.append(evaluate(value.node.expr, real))
+            elif isinstance(value, torch.Tensor) and isinstance(result, torch.Tensor):
+                layout = factors[position] if position < len(factors) and factors[position] else None
+                outputs.append(_slice_to(result, value, real, sizes, layout))
+            else:
+                outputs.append(result)
+        return outputs
+
+
+def _show(sizes: Mapping[sympy.Symbol, int]) -> str:
+    return ", ".join(f"{symbol}={value}" for symbol, value in sorted(sizes.items(), key=lambda kv: str(kv[0])))
+
+
+def _numel(shape: Sequence[int]) -> int:
+    total = 1
+    for size in shape:
+        total *= size
+    return total
+
+
+def _pad_to(tensor: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
+    """`tensor` padded with zeros at the end of each dim up to `shape`."""
+    widths = []
+    for have, want in zip(reversed(tensor.shape), reversed(shape), strict=True):
+        widths += [0, want - have]
+    return torch.nn.functional.pad(tensor, widths)
+
+
+def _slice_to(result: torch.Tensor, value: torch.Tensor, real: Mapping, sizes: Mapping, layout) -> torch.Tensor:
+    """The real region of a bucket-sized output: each padded dim cut to its size expression at the real values (a
+    merged dim is cut factor by factor)."""
+    for dim, size in enumerate(value.shape):
+        if not isinstance(size, torch.SymInt):
+            continue
+        parts = layout[dim] if layout else None
+        if parts is None:
+            want = evaluate(size.node.expr, real)
+            if result.shape[dim] != want:
+                result = result.narrow(dim, 0, want)
+            continue
+        shape = list(result.shape)
+        unmerged = result.reshape(shape[:dim] + [evaluate(p, sizes) for p in parts] + shape[dim + 1:])
+        for k, part in enumerate(parts):
+            unmerged = unmerged.narrow(dim + k, 0, evaluate(part, real))
+        result = unmerged.reshape(shape[:dim] + [evaluate(size.node.expr, real)] + shape[dim + 1:])
+    return result

@@ -1,0 +1,103 @@
+"""`explain()`: compile and run a function once under the backend, and report what ran where.
+
+The report lists, per static program (forward, backward or inference graph at one set of shapes): how many aten
+ops there were and how many were lowered, the matmul/convolution/attention FLOPs and how many of them were lowered,
+the number of regions, each fallback op with its reason and count, and the compile time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+from typing import Any
+
+import torch
+
+from neuron_dynamo import counters
+from neuron_dynamo.backend import neuron_backend
+from neuron_dynamo.compiler import GraphReport
+
+
+def _si(value: float) -> str:
+    for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.2f}{unit}"
+    return f"{value:.0f}"
+
+
+def _share(part: float, whole: float) -> str:
+    return f"{100 * part / whole:.0f}%" if whole else "-"
+
+
+@dataclasses.dataclass
+class ExplainReport:
+    """The graph reports of one `explain()` run; prints as a table, `.to_dict()` for programs."""
+
+    graphs: list[GraphReport]
+    output: Any = dataclasses.field(default=None, repr=False)
+
+    def totals(self) -> dict[str, Any]:
+        keys = ("ops_total", "ops_lowered", "flops_total", "flops_lowered", "regions", "compile_seconds")
+        totals = {key: sum(getattr(graph, key) for graph in self.graphs) for key in keys}
+        totals["graphs"] = len(self.graphs)
+        totals["fallback_ops"] = sum(entry["count"] for graph in self.graphs for entry in graph.fallback_ops)
+        return totals
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"graphs": [graph.to_dict() for graph in self.graphs], "totals": self.totals()}
+
+    def __str__(self) -> str:
+        header = ("graph", "kind", "target", "ops", "lowered", "FLOPs", "lowered", "regions", "compile s")
+        rows = [
+            (
+                graph.name, graph.kind, graph.target, str(graph.ops_total),
+                f"{graph.ops_lowered} ({_share(graph.ops_lowered, graph.ops_total)})", _si(graph.flops_total),
+                f"{_si(graph.flops_lowered)} ({_share(graph.flops_lowered, graph.flops_total)})",
+                str(graph.regions), f"{graph.compile_seconds:.3f}",
+            )
+            for graph in self.graphs
+        ]
+        lines = [f"neuron-dynamo explain: {len(self.graphs)} static program(s)"]
+        if not self.graphs:
+            lines.append("no graph ran under the backend: Dynamo captured nothing, or ran the code eagerly "
+                         "(TORCH_LOGS=graph_breaks,recompiles says why)")
+            return "\n".join(lines)
+        lines += _table(header, rows)
+        fallbacks = [
+            (f"{graph.name}.{graph.kind}", entry["op"], str(entry["count"]), entry["reason"])
+            for graph in self.graphs
+            for entry in graph.fallback_ops
+        ]
+        if fallbacks:
+            lines += ["", "ops run eagerly (fallback):"]
+            lines += _table(("graph", "op", "count", "reason"), fallbacks)
+        else:
+            lines += ["", "no fallback ops: every op ran on the target"]
+        return "\n".join(lines)
+
+
+def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    render = lambda row: "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+    return [render(header), render(tuple("-" * width for width in widths)), *map(render, rows)]
+
+
+@functools.cache
+def _backend_for(options_key: str) -> Any:
+    """One backend callable per set of options: Dynamo then reuses the code it compiled for an earlier explain()
+    of the same function instead of compiling it again (and again, up to its recompile limit)."""
+    return functools.partial(neuron_backend, options=json.loads(options_key))
+
+
+def explain(fn_or_module: Any, *args: Any, options: dict[str, Any] | None = None, **kwargs: Any) -> ExplainReport:
+    """Compile `fn_or_module` with the backend (and `options`), call it once with `args`/`kwargs`, report.
+
+    The report covers every static program that ran during the call (compiled now, or by an earlier explain()
+    with the same options); the function's return value is kept in `report.output`.
+    """
+    compiled = torch.compile(fn_or_module, backend=_backend_for(json.dumps(options or {}, sort_keys=True)))
+    with counters.collect_reports() as reports:
+        output = compiled(*args, **kwargs)
+    unique = list({id(report): report for report in reports}.values())
+    return ExplainReport(graphs=unique, output=output)

@@ -1,0 +1,118 @@
+"""The lowering registry: the set of registered lowerings *is* the set of ops the backend supports.
+
+As in Inductor's `lowering.py`, one decorator registers the implementation of one or more aten ops for one target::
+
+    @lowers(aten.mm, aten.addmm, family="matmul")
+    def matmul(op, *args, **kwargs): ...
+
+An op is registered either as a whole packet (`aten.add`: every overload) or as one overload (`aten.add.Tensor`).
+Each op's `Lowering` keeps one kernel per target name, so the NKI targets add their kernels with
+`@lowers(aten.mm, family="matmul", target="simulator")` and the partitioner picks them up without being touched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from neuron_dynamo.errors import NeuronDynamoError
+
+OpKey = torch._ops.OpOverload | torch._ops.OpOverloadPacket
+
+
+class RegistryError(NeuronDynamoError):
+    """A lowering registered twice for one op and target, or registered for something that is not an aten op."""
+
+
+class Kernel:
+    """One op's implementation on one target, callable like the op itself.
+
+    A lowered region is the region's FX graph with each op replaced by its kernel, so a Kernel carries a readable
+    `__name__` for the generated code (`reference_mm`) and remembers the op and family it implements.
+    """
+
+    def __init__(self, op: OpKey, family: str, target: str, implementation: Callable[..., Any]) -> None:
+        self.op = op
+        self.family = family
+        self.target = target
+        self.implementation = implementation
+        self.__name__ = f"{target}_{op_name(op).replace('.', '_')}"
+        self.__module__ = implementation.__module__
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.implementation(self.op, *args, **kwargs)
+
+    def for_overload(self, overload: torch._ops.OpOverload) -> Kernel:
+        """This kernel bound to one overload of its packet, so it runs exactly the op the graph recorded."""
+        return self if overload is self.op else Kernel(overload, self.family, self.target, self.implementation)
+
+    def __repr__(self) -> str:
+        return f"Kernel({op_name(self.op)}, family={self.family!r}, target={self.target!r})"
+
+
+@dataclasses.dataclass
+class Lowering:
+    """Everything the backend knows about lowering one op: its family and one kernel per target."""
+
+    op: OpKey
+    family: str
+    kernels: dict[str, Kernel] = dataclasses.field(default_factory=dict)
+
+
+_LOWERINGS: dict[OpKey, Lowering] = {}
+
+
+def op_name(op: Any) -> str:
+    """`aten.mm.default` for an overload, `aten.mm` for a packet, the qualified name for anything else."""
+    if isinstance(op, torch._ops.OpOverload):
+        return f"{op.namespace}.{op._opname}.{op._overloadname}"
+    if isinstance(op, torch._ops.OpOverloadPacket):
+        return op._qualified_op_name.replace("::", ".")
+    return getattr(op, "__qualname__", None) or getattr(op, "__name__", None) or str(op)
+
+
+def lowers(*ops: OpKey, family: str, target: str = "reference") -> Callable[[Callable], Callable]:
+    """Register the decorated `implementation(op, *args, **kwargs)` as the `target` kernel of every op in `ops`."""
+
+    def register(implementation: Callable[..., Any]) -> Callable[..., Any]:
+        for op in ops:
+            if not isinstance(op, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+                raise RegistryError(f"@lowers expects aten ops such as torch.ops.aten.mm, got {op!r}")
+            lowering = _LOWERINGS.setdefault(op, Lowering(op, family))
+            if target in lowering.kernels:
+                raise RegistryError(f"{op_name(op)} already has a {target!r} lowering ({lowering.kernels[target]!r})")
+            if lowering.family != family:
+                raise RegistryError(f"{op_name(op)} is in family {lowering.family!r}, not {family!r}")
+            lowering.kernels[target] = Kernel(op, family, target, implementation)
+        return implementation
+
+    return register
+
+
+def lowering_for(op: Any) -> Lowering | None:
+    """The lowering of an op overload: registered for the overload itself, else for its packet."""
+    if not isinstance(op, torch._ops.OpOverload):
+        return None
+    return _LOWERINGS.get(op) or _LOWERINGS.get(op.overloadpacket)
+
+
+def kernel_for(op: Any, target: str) -> Kernel | None:
+    lowering = lowering_for(op)
+    return None if lowering is None else lowering.kernels.get(target)
+
+
+def registered_ops(target: str | None = None) -> dict[str, list[str]]:
+    """The registered op names per family (only those with a kernel for `target`, when given)."""
+    families: dict[str, list[str]] = {}
+    for op, lowering in _LOWERINGS.items():
+        if target is None or target in lowering.kernels:
+            families.setdefault(lowering.family, []).append(op_name(op))
+    return {family: sorted(names) for family, names in sorted(families.items())}
+
+
+def registered_op_keys() -> list[OpKey]:
+    """Every registered op (packets and overloads), e.g. to keep them out of the decomposition table."""
+    return list(_LOWERINGS)

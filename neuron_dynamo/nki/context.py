@@ -1,0 +1,182 @@
+"""The state of one program instance while a kernel runs: target limits, cost model, allocations, registers.
+
+ISA and language calls find it through `current()`; outside a running kernel they raise a clear error instead of
+silently executing. Each LNC program instance gets its own context (its own SBUF/PSUM, its own cost model); the
+instances of one launch share their `shared_hbm` tensors through the `Launch` object.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from neuron_dynamo.nki.costmodel import CostModel, Instruction
+from neuron_dynamo.nki.errors import NkiValidationError
+from neuron_dynamo.nki.target import TargetLimits
+
+_state = threading.local()
+
+
+class _Aborted(Exception):
+    """Another program instance of the launch failed; this one stops."""
+
+
+class Launch:
+    """One kernel call: its program instances and what they share (`shared_hbm` tensors, barriers, mailboxes).
+
+    LNC program instances run as threads under a cooperative, deterministic schedule: exactly one runs at a time,
+    in program-id order, and control passes only when an instance finishes or waits at `core_barrier`/`sendrecv`.
+    Results therefore never depend on thread timing, and a barrier behaves as on hardware (nobody passes it until
+    every instance reached it).
+    """
+
+    def __init__(self, num_programs: int) -> None:
+        self.num_programs = num_programs
+        self.shared_hbm: list = []  # Storage objects, in allocation order
+        self.free_tiles: dict = {}  # (shape, storage dtype) -> arrays of dead on-chip tiles, for reuse
+        self._cond = threading.Condition()
+        self._turn = 0
+        self._waiting: set[int] = set()
+        self._done: set[int] = set()
+        self._failed = False
+        self._mail: dict = {}
+
+    def run(self, bodies) -> None:
+        """Run one callable per program instance (a plain call when there is only one)."""
+        if len(bodies) == 1:
+            bodies[0]()
+            return
+        errors: dict[int, BaseException] = {}
+
+        def thread_main(pid: int) -> None:
+            try:
+                self._wait_turn(pid)
+                bodies[pid]()
+            except _Aborted:
+                pass
+            except BaseException as exc:  # handed to the caller below
+                errors[pid] = exc
+                with self._cond:
+                    self._failed = True
+                    self._cond.notify_all()
+            finally:
+                with self._cond:
+                    self._done.add(pid)
+                    if self._waiting and not self._failed:  # the others wait at a barrier this one never reached
+                        waiter = min(self._waiting)
+                        errors[waiter] = NkiValidationError(
+                            "core-barrier",
+                            f"program instance {waiter} waits at a core_barrier/sendrecv that program instance {pid} "
+                            "finished without reaching; every instance must execute the same barriers (it would "
+                            "hang on hardware)",
+                            site=None,
+                        )
+                        self._failed = True
+                    self._pass_turn(pid)
+
+        threads = [threading.Thread(target=thread_main, args=(pid,), name=f"nki-program-{pid}")
+                   for pid in range(len(bodies))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[min(errors)]
+
+    def _wait_turn(self, pid: int) -> None:
+        with self._cond:
+            while self._turn != pid and not self._failed:
+                self._cond.wait()
+            if self._failed:
+                raise _Aborted
+
+    def _pass_turn(self, pid: int) -> None:
+        """Give control to the next instance that can run (called with the condition held)."""
+        n = self.num_programs
+        for step in range(1, n + 1):
+            nxt = (pid + step) % n
+            if nxt not in self._done and nxt not in self._waiting:
+                self._turn = nxt
+                break
+        self._cond.notify_all()
+
+    def barrier(self, pid: int, what: str) -> None:
+        """Block until every program instance reached a barrier."""
+        with self._cond:
+            if self._done:
+                raise NkiValidationError(
+                    "core-barrier",
+                    f"{what}: program instance {min(self._done)} finished without reaching this point; every "
+                    "instance must execute the same barriers (it would hang on hardware)",
+                )
+            self._waiting.add(pid)
+            if len(self._waiting) == self.num_programs:
+                self._waiting.clear()
+                self._turn = 0
+                self._cond.notify_all()
+            else:
+                self._pass_turn(pid)
+        self._wait_turn(pid)
+
+    def post(self, key, payload) -> None:
+        self._mail.setdefault(key, []).append(payload)
+
+    def collect(self, key):
+        return self._mail[key].pop(0)
+
+
+class Allocation:
+    """Liveness record of one SBUF/PSUM tensor: first and last instruction that touched it."""
+
+    __slots__ = ("buffer", "bytes", "banks", "site", "first", "last", "name")
+
+    def __init__(self, buffer: str, nbytes: int, banks: int, site, name: str) -> None:
+        self.buffer = buffer
+        self.bytes = nbytes
+        self.banks = banks
+        self.site = site
+        self.name = name
+        self.first = -1
+        self.last = -1
+
+
+class ProgramContext:
+    """Everything one program instance of a running kernel needs."""
+
+    def __init__(self, limits: TargetLimits, program_id: int, launch: Launch, kernel_name: str) -> None:
+        self.limits = limits
+        self.target = limits.name
+        self.program_id = program_id
+        self.launch = launch
+        self.kernel_name = kernel_name
+        self.cost = CostModel(limits.name)
+        self.counter = 0  # instructions executed so far
+        self.allocations: list[Allocation] = []
+        self.shared_seen = 0  # shared_hbm allocations made by this instance so far
+        self.scalar_reduce_regs = np.full((limits.pmax,), np.nan, dtype=np.float32)
+        self.rng = np.random.default_rng(program_id)
+        self.warned_unwritten: set[int] = set()  # storages already reported as read before any write
+
+    def record(self, instr: Instruction) -> None:
+        self.counter += 1
+        self.cost.record(instr)
+
+
+def current() -> ProgramContext:
+    ctx = getattr(_state, "ctx", None)
+    if ctx is None:
+        raise NkiValidationError(
+            "outside-kernel",
+            "NKI language/ISA calls only run inside a kernel launched through nki.jit or nki.simulate; "
+            "decorate the top-level kernel with @nki.jit and call it",
+        )
+    return ctx
+
+
+def active() -> ProgramContext | None:
+    return getattr(_state, "ctx", None)
+
+
+def set_current(ctx: ProgramContext | None) -> None:
+    _state.ctx = ctx

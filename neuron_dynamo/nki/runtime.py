@@ -1,0 +1,280 @@
+"""Kernel entry points: `nki.jit`, `kernel[lnc]`, `nki.simulate`, `kernel.profile`.
+
+A call converts torch tensors / NumPy arrays into HBM tensors (copies, so a kernel that fails leaves its inputs
+untouched), runs the kernel function once per LNC program instance with that instance's `ProgramContext`
+(instances share `shared_hbm` and synchronise through `core_barrier`/`sendrecv` under the deterministic schedule of
+`context.Launch`), checks the SBUF/PSUM capacity over the run, writes back the inputs the kernel wrote, and returns the
+outputs as the caller's array type. Non-tensor arguments pass through as compile-time constants.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import threading
+
+import numpy as np
+import torch
+
+from neuron_dynamo.nki import dtypes
+from neuron_dynamo.nki.context import Launch, ProgramContext, active, set_current
+from neuron_dynamo.nki.costmodel import Profile, combine_profiles
+from neuron_dynamo.nki.errors import NkiValidationError
+from neuron_dynamo.nki.target import current_limits
+from neuron_dynamo.nki.tensor import NkiTensor, check_capacity, wrap_array
+
+_TORCH_VIEW = {"bfloat16": "int16", "float8_e4m3fn": "uint8", "float8_e5m2": "uint8", "float8_e8m0fnu": "uint8"}
+
+
+def _is_torch(x) -> bool:
+    return type(x).__module__.startswith("torch") and type(x).__name__ in ("Tensor", "Parameter")
+
+
+def _torch_to_numpy(t) -> tuple[np.ndarray, str]:
+
+    t = t.detach().cpu().contiguous()
+    try:
+        name = dtypes.dtype_name(t.dtype)
+    except TypeError:
+        raise _arg_dtype_error(t.dtype) from None
+    if name in _TORCH_VIEW:
+        bits = t.view(getattr(torch, _TORCH_VIEW[name])).numpy()
+        return bits.view(dtypes.STORAGE[name]).copy(), name
+    if name == "bool":
+        return t.numpy().astype(np.uint8), name
+    return t.numpy().copy(), name
+
+
+def _numpy_to_torch(a: np.ndarray, name: str):
+    if name in _TORCH_VIEW:
+        return torch.from_numpy(a.view(getattr(np, _TORCH_VIEW[name]))).view(getattr(torch, name))
+    if name == "bool":
+        return torch.from_numpy(a.astype(np.bool_))
+    if name == "float8_e4m3":  # no torch dtype carries the trn cFP8 format: hand back its exact fp32 values
+        return torch.from_numpy(a.astype(np.float32))
+    return torch.from_numpy(a)
+
+
+def _arg_dtype_error(dtype) -> NkiValidationError:
+    hint = {"int64": "int32", "float64": "float32"}.get(str(dtype).replace("torch.", ""), "a supported NKI dtype")
+    return NkiValidationError(
+        "argument-dtype", f"kernel argument dtype {dtype} is not an NKI dtype; cast it to {hint} before the call"
+    )
+
+
+_threads_lock = threading.Lock()
+_threads_state = {"runs": 0, "saved": 1}
+
+
+@contextlib.contextmanager
+def _single_threaded_torch():
+    """Hold torch at one intra-op thread while kernels run (restored when the last concurrent run ends).
+
+    Tiles are small: one thread per GEMM or cast beats a thread pool, above all on a loaded machine.
+    """
+    with _threads_lock:
+        if _threads_state["runs"] == 0:
+            _threads_state["saved"] = torch.get_num_threads()
+            torch.set_num_threads(1)
+        _threads_state["runs"] += 1
+    try:
+        yield
+    finally:
+        with _threads_lock:
+            _threads_state["runs"] -= 1
+            if _threads_state["runs"] == 0:
+                torch.set_num_threads(_threads_state["saved"])
+
+
+class _Argument:
+    """A tensor argument: the caller's object and the HBM tensor the kernel sees."""
+
+    __slots__ = ("original", "tensor", "name")
+
+    def __init__(self, original, tensor: NkiTensor, name: str) -> None:
+        self.original = original
+        self.tensor = tensor
+        self.name = name
+
+    def write_back(self) -> None:
+        data = self.tensor._s.data
+        if _is_torch(self.original):
+            self.original.copy_(_numpy_to_torch(data, self.name).to(self.original.dtype))
+        elif self.name == "bool":
+            self.original[...] = data.astype(np.bool_)
+        else:
+            self.original[...] = data
+
+
+class Kernel:
+    """A jitted NKI kernel. Call it with torch tensors or NumPy arrays; `kernel[2]` runs it with LNC=2."""
+
+    def __init__(self, fn, lnc: int = 1, options: dict | None = None) -> None:
+        self.fn = fn
+        self.lnc = lnc
+        self.options = dict(options or {})
+        self._param_names: list[str] | None = None  # filled (and the signature checked) at the first call
+        functools.update_wrapper(self, fn)
+
+    def __getitem__(self, lnc) -> Kernel:
+        if isinstance(lnc, tuple) and len(lnc) == 1:
+            lnc = lnc[0]
+        if isinstance(lnc, bool) or not isinstance(lnc, int) or lnc not in (1, 2):
+            raise NkiValidationError("lnc", f"kernel[{lnc!r}]: the logical NeuronCore degree must be 1 or 2")
+        return Kernel(self.fn, lnc, self.options)
+
+    def __call__(self, *args, **kwargs):
+        return self._run(args, kwargs, want_profile=False)
+
+    def profile(self, *args, **kwargs) -> tuple[object, Profile]:
+        """Run the kernel and also return its estimated device-time `Profile`."""
+        return self._run(args, kwargs, want_profile=True)
+
+    def __repr__(self) -> str:
+        return f"<nki.jit kernel {self.fn.__qualname__} lnc={self.lnc}>"
+
+    # ------------------------------------------------------------------------------------------ running
+    def _site(self) -> tuple[str, int]:
+        code = self.fn.__code__
+        return code.co_filename, code.co_firstlineno
+
+    def _check_signature(self) -> list[str]:
+        if self._param_names is None:
+            params = inspect.signature(self.fn).parameters.values()
+            if any(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params):
+                raise NkiValidationError(
+                    "kernel-signature",
+                    f"kernel {self.fn.__name__} has keyword-only parameters (a `*` separator); NKI kernels may not: "
+                    "make them ordinary parameters",
+                    self._site(),
+                )
+            self._param_names = [p.name for p in params]
+        return self._param_names
+
+    def _run(self, args, kwargs, want_profile: bool):
+        if active() is not None:
+            raise NkiValidationError(
+                "nested-jit",
+                f"kernel {self.fn.__name__} is decorated with @nki.jit but was called from inside another kernel; "
+                "sub-kernels must be plain functions (remove @nki.jit from the callee)",
+            )
+        names = self._check_signature()
+        limits = current_limits()
+        if self.lnc > 1 and limits.nc_version < 3:
+            raise NkiValidationError(
+                "lnc", f"LNC={self.lnc} needs trn2 or newer; the target is {limits.name}", self._site()
+            )
+        hbm = "shared_hbm" if self.lnc > 1 else "private_hbm"
+        arguments: list[_Argument] = []
+        use_torch = False
+
+        def convert(value, where: str):
+            nonlocal use_torch
+            if _is_torch(value):
+                use_torch = True
+                array, name = _torch_to_numpy(value)
+            elif isinstance(value, np.ndarray):
+                try:
+                    name = dtypes.dtype_name(value.dtype)
+                except TypeError:
+                    raise _arg_dtype_error(value.dtype) from None
+                array = np.array(value, dtype=dtypes.STORAGE[name], order="C", copy=True)
+            elif isinstance(value, tuple):
+                return tuple(convert(v, where) for v in value)
+            elif isinstance(value, list):
+                raise NkiValidationError(
+                    "list-argument", f"kernel argument {where} is a list; NKI kernels take tuples, not lists",
+                    self._site(),
+                )
+            elif isinstance(value, dict) and any(not isinstance(k, str) for k in value):
+                raise NkiValidationError(
+                    "dict-argument", f"kernel argument {where}: dict keys must be strings", self._site()
+                )
+            else:
+                return value
+            if array.ndim == 0:
+                array = array.reshape(1)
+            tensor = wrap_array(array, name, hbm, where)
+            arguments.append(_Argument(value, tensor, name))
+            return tensor
+
+        call_args = tuple(convert(a, names[i] if i < len(names) else f"#{i}") for i, a in enumerate(args))
+        call_kwargs = {k: convert(v, k) for k, v in kwargs.items()}
+
+        launch = Launch(self.lnc)
+        contexts = [ProgramContext(limits, pid, launch, self.fn.__name__) for pid in range(self.lnc)]
+        results: dict[int, object] = {}
+
+        def body(ctx: ProgramContext):
+            def run_instance():
+                set_current(ctx)
+                try:
+                    with np.errstate(all="ignore"):  # engines produce inf/NaN silently, as the hardware does
+                        results[ctx.program_id] = self.fn(*call_args, **call_kwargs)
+                finally:
+                    set_current(None)
+                check_capacity(ctx.allocations, limits)
+
+            return run_instance
+
+        with _single_threaded_torch():
+            launch.run([body(ctx) for ctx in contexts])
+        result = results[0]
+        profiles = [ctx.cost.profile() for ctx in contexts] if want_profile else []
+        converted = self._convert_outputs(result, use_torch, set())
+        for arg in arguments:
+            if arg.tensor._s.written:
+                arg.write_back()
+        if not want_profile:
+            return converted
+        return converted, profiles[0] if len(profiles) == 1 else combine_profiles(profiles)
+
+    def _convert_outputs(self, out, use_torch: bool, handed_out: set[int]):
+        if out is None:
+            return None
+        if isinstance(out, (tuple, list)):
+            return type(out)(self._convert_outputs(o, use_torch, handed_out) for o in out)
+        if not isinstance(out, NkiTensor):
+            raise NkiValidationError(
+                "kernel-output", f"kernel {self.fn.__name__} returned {type(out).__name__}; return NKI tensors",
+                self._site(),
+            )
+        if out._s.buffer != "shared_hbm":
+            raise NkiValidationError(
+                "output-shared-hbm",
+                f"kernel {self.fn.__name__} returns a tensor in {out._s.buffer}; kernel outputs must be allocated "
+                "with buffer=nl.shared_hbm",
+                out._s.site or self._site(),
+            )
+        a = out._a
+        whole = a is not None and a.shape == out._s.data.shape and a.dtype == out._s.data.dtype and out.offset == 0
+        if whole and id(out._s) not in handed_out:  # the run is over: hand the allocation itself out
+            handed_out.add(id(out._s))
+            data = out._s.data
+        else:
+            data = np.array(out._read())
+        return _numpy_to_torch(data, out.dtype) if use_torch else (data.astype(np.bool_) if out.dtype == "bool"
+                                                                     else data)
+
+
+def jit(fn=None, **kwargs):
+    """`@nki.jit` / `@nki.jit(...)`: make `fn` a `Kernel` (options are accepted and kept, not interpreted)."""
+    if fn is None:
+        return lambda f: Kernel(f, options=kwargs)
+    return Kernel(fn, options=kwargs)
+
+
+def simulate(kernel, profile: bool = False):
+    """`nki.simulate(kernel)(*args)`: run on the CPU interpreter; with `profile=True` return (result, Profile)."""
+    if not isinstance(kernel, Kernel):
+        kernel = Kernel(kernel)
+
+    def run(*args, **kwargs):
+        return kernel.profile(*args, **kwargs) if profile else kernel(*args, **kwargs)
+
+    functools.update_wrapper(run, kernel.fn)
+    return run
+
+
+__all__ = ["Kernel", "jit", "simulate"]

@@ -1,0 +1,553 @@
+"""NkiTensor: a typed, strided view of one allocation in HBM, SBUF or PSUM.
+
+Storage is a contiguous NumPy array of the dtype's storage type (bf16/fp8 through ml_dtypes); every NkiTensor is a
+NumPy view of it, so indexing, `nl.ds`, `reshape`, `permute` and `broadcast` never copy, exactly like NKI views.
+`.ap()` builds a raw access pattern over the base storage; with `vector_offset` it becomes an *indirect* tensor
+(an index array into the storage) for DMA gathers/scatters.
+
+SBUF/PSUM tensors keep the partition dimension first: views may not move it, an integer index on it keeps it with
+size 1, and an integer index on a free dim drops that dim unless fewer than 2 dims would remain (NKI 0.6 rank
+rules). Fresh allocations are filled with NaN (integers: 4), so reads of unwritten memory show up in results.
+
+Capacity: each SBUF/PSUM allocation is live from the first to the last instruction that touches it (the liveness
+an allocator would see; a Python-object-lifetime model would count a tile rebound in a loop twice). At the end of
+a program instance the interpreter sweeps those intervals and rejects a kernel whose live SBUF bytes per partition
+exceed the target's capacity, or whose live PSUM tensors need more than the 8 banks (every PSUM tensor occupies
+whole 2 KiB banks, as the PSUM allocator places tensors on bank boundaries).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import operator
+import weakref
+
+import numpy as np
+
+from neuron_dynamo.nki import dtypes
+from neuron_dynamo.nki.context import Allocation, current
+from neuron_dynamo.nki.errors import NkiValidationError, kernel_site
+
+
+class MemoryRegion(enum.Enum):
+    """Where a tensor lives (`nl.sbuf`, `nl.psum`, `nl.private_hbm` = `nl.hbm`, `nl.shared_hbm`)."""
+
+    sbuf = "sbuf"
+    psum = "psum"
+    private_hbm = "private_hbm"
+    shared_hbm = "shared_hbm"
+
+
+ONCHIP = ("sbuf", "psum")
+HBM = ("private_hbm", "shared_hbm")
+
+
+def buffer_kind(buffer: str) -> str:
+    """The cost model's coarse buffer name: sbuf | psum | hbm."""
+    return "hbm" if buffer in HBM else buffer
+
+
+class Storage:
+    """One allocation. `use` is its liveness record (on-chip only); `acc_groups` the open PSUM accumulation groups.
+
+    `f32_cache` keeps the fp32 upcast of low-precision views that were read: a bf16 weight tile feeding eight
+    matmuls is converted once. Every write goes through `NkiTensor._write`, which drops the cache.
+    """
+
+    __slots__ = ("data", "buffer", "name", "site", "use", "written", "acc_groups", "f32_cache", "__weakref__")
+
+    def __init__(self, data: np.ndarray, buffer: str, name: str, site, use: Allocation | None) -> None:
+        self.data = data
+        self.buffer = buffer
+        self.name = name
+        self.site = site
+        self.use = use
+        self.written = False
+        self.acc_groups: dict | None = {} if buffer == "psum" else None  # view key -> byte extent
+        self.f32_cache: dict | None = None  # fp32 copies of low-precision views, dropped on every write
+
+
+def _int(value, what: str) -> int:
+    """A compile-time integer (ints, NumPy integers and registers, which know their value in the interpreter)."""
+    if isinstance(value, (bool, np.bool_)):
+        raise NkiValidationError("compile-time-int", f"{what} must be an integer, got {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise NkiValidationError("compile-time-int", f"{what} must be an integer, got {value!r}") from None
+
+
+class NkiTensor:
+    """A view of an NKI allocation. Attributes: shape, dtype, buffer, ndim, size, strides, offset, name."""
+
+    __slots__ = ("_a", "_s", "_dt", "_idx")
+
+    def __init__(self, array: np.ndarray | None, storage: Storage, dtype: str, idx=None) -> None:
+        self._a = array
+        self._s = storage
+        self._dt = dtype
+        self._idx = idx  # indirect tensors: (flat element indices, out-of-bounds mask or None)
+
+    # ---------------------------------------------------------------- attributes
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._a.shape if self._idx is None else self._idx[0].shape
+
+    @property
+    def dtype(self) -> str:
+        return self._dt
+
+    @property
+    def buffer(self) -> MemoryRegion:
+        return MemoryRegion(self._s.buffer)
+
+    @property
+    def name(self) -> str:
+        return self._s.name
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def itemsize(self) -> int:
+        return dtypes.itemsize(self._dt)
+
+    @property
+    def strides(self) -> tuple[int, ...]:
+        """Strides in elements."""
+        self._direct("strides")
+        item = self._a.itemsize
+        return tuple(s // item for s in self._a.strides)
+
+    @property
+    def offset(self) -> int:
+        """Element offset of this view from the start of its allocation."""
+        self._direct("offset")
+        return (self._a.__array_interface__["data"][0] - self._s.data.__array_interface__["data"][0]) // (
+            self._a.itemsize
+        )
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __repr__(self) -> str:
+        kind = "indirect " if self._idx is not None else ""
+        return f"NkiTensor({kind}shape={self.shape}, dtype={self._dt}, buffer={self._s.buffer}, name={self.name!r})"
+
+    def __bool__(self) -> bool:
+        raise NkiValidationError(
+            "tensor-truth-value",
+            "an NKI tensor has no compile-time truth value (its contents exist only on the device); "
+            "branch on shapes or Python values, or use nl.where / nisa.affine_select",
+        )
+
+    def __setitem__(self, key, value) -> None:
+        raise NkiValidationError(
+            "no-item-assignment",
+            "NKI 0.6 tensors do not support item assignment; write through an instruction "
+            "(nisa.tensor_copy / nisa.dma_copy / nl.store) with the indexed view as dst",
+        )
+
+    # ---------------------------------------------------------------- data access (interpreter internals)
+    def _direct(self, what: str) -> None:
+        if self._idx is not None:
+            raise NkiValidationError(
+                "indirect-view", f"{what} is not defined on an indirect (vector_offset) access pattern"
+            )
+
+    def _onchip(self) -> bool:
+        return self._s.buffer in ONCHIP
+
+    def _read(self) -> np.ndarray:
+        if self._idx is None:
+            return self._a
+        flat = self._s.data.reshape(-1)
+        idx, oob = self._idx
+        return flat[idx] if oob is None else flat[np.where(oob, 0, idx)]
+
+    def _write(self, values: np.ndarray, mask: np.ndarray | None = None) -> None:
+        """Store `values` (any shape with this view's element count) cast to this view's dtype.
+
+        `mask` (same element count) limits the write to the selected elements (DMA skips out-of-bounds rows).
+        """
+        values = dtypes.to_dtype(values, self._dt)
+        self._s.written = True
+        self._s.f32_cache = None
+        if self._idx is None:
+            a = self._a
+            if not a.flags.writeable:
+                raise NkiValidationError(
+                    "write-to-broadcast", "cannot write into a broadcast view (stride-0 dimension); write the full tile"
+                )
+            if mask is None:
+                a[...] = values.reshape(a.shape)
+            else:
+                mask = mask.reshape(a.shape)
+                a[mask] = values.reshape(a.shape)[mask]
+            return
+        flat = self._s.data.reshape(-1)
+        idx, oob = self._idx
+        values = values.reshape(idx.shape)
+        keep = None if mask is None else mask.reshape(idx.shape)
+        if oob is not None:
+            keep = ~oob if keep is None else keep & ~oob
+        if keep is None:
+            flat[idx] = values
+        else:
+            flat[idx[keep]] = values[keep]
+
+    def __getitem__(self, key) -> NkiTensor:
+        self._direct("indexing")
+        if not isinstance(key, tuple):
+            key = (key,)
+        shape = self._a.shape
+        ndim = len(shape)
+        n_ellipsis = sum(1 for k in key if k is Ellipsis)
+        if n_ellipsis > 1:
+            raise NkiValidationError("index", "an index may contain at most one Ellipsis (...)")
+        if n_ellipsis:
+            at = next(i for i, k in enumerate(key) if k is Ellipsis)
+            fill = ndim - (len(key) - 1)
+            key = key[:at] + (slice(None),) * fill + key[at + 1 :]
+        if len(key) > ndim:
+            raise NkiValidationError("index", f"too many indices ({len(key)}) for a {ndim}-D tensor of shape {shape}")
+        norm: list = []
+        int_dims: list[int] = []
+        for dim, item in enumerate(key):
+            size = shape[dim]
+            if isinstance(item, slice):
+                step = 1 if item.step is None else _int(item.step, "a slice step")
+                if step <= 0:
+                    raise NkiValidationError("index", f"slice step must be positive, got {step}")
+                start = 0 if item.start is None else _int(item.start, "a slice start")
+                stop = size if item.stop is None else _int(item.stop, "a slice stop")
+                start = start + size if start < 0 else start
+                stop = stop + size if stop < 0 else stop
+                if not 0 <= start <= stop <= size:
+                    raise NkiValidationError(
+                        "index-out-of-bounds",
+                        f"slice {item.start}:{item.stop} is out of bounds for dim {dim} of size {size} "
+                        f"(tensor shape {shape}); clamp ragged tiles with min()",
+                    )
+                norm.append(slice(start, stop, step))
+            elif isinstance(item, NkiTensor):
+                raise NkiValidationError(
+                    "index",
+                    "tensors cannot index tensors; use .ap(pattern, vector_offset=indices) for gathers/scatters",
+                )
+            else:
+                idx = _int(item, "an index")
+                idx = idx + size if idx < 0 else idx
+                if not 0 <= idx < size:
+                    raise NkiValidationError(
+                        "index-out-of-bounds", f"index {item} is out of bounds for dim {dim} of size {size}"
+                    )
+                norm.append(idx)
+                int_dims.append(dim)
+        if int_dims and self._onchip():
+            if norm[0].__class__ is int:  # the partition dim is never dropped
+                norm[0] = slice(norm[0], norm[0] + 1)
+                int_dims.remove(0)
+            kept = ndim - len(int_dims)
+            if kept < 2 and int_dims:
+                last = int_dims[-1]
+                norm[last] = slice(norm[last], norm[last] + 1)
+        return NkiTensor(self._a[tuple(norm)], self._s, self._dt)
+
+    def _view(self, array: np.ndarray) -> NkiTensor:
+        return NkiTensor(array, self._s, self._dt)
+
+    def _check_dim(self, dim, allow_partition: bool = False) -> int:
+        d = _int(dim, "a dimension")
+        d = d + self.ndim if d < 0 else d
+        if not 0 <= d < self.ndim:
+            raise NkiValidationError("view", f"dimension {dim} is out of range for shape {self.shape}")
+        if d == 0 and self._onchip() and not allow_partition:
+            raise NkiValidationError("partition-dim", "views of SBUF/PSUM tensors may not move or change dim 0")
+        return d
+
+    def slice(self, dim, start, end, step=1) -> NkiTensor:
+        d = self._check_dim(dim, allow_partition=True)
+        key = [slice(None)] * self.ndim
+        key[d] = slice(start, end, step)
+        return self[tuple(key)]
+
+    def select(self, dim, index) -> NkiTensor:
+        d = self._check_dim(dim, allow_partition=True)
+        key = [slice(None)] * self.ndim
+        key[d] = index
+        return self[tuple(key)]
+
+    def permute(self, dims) -> NkiTensor:
+        self._direct("permute")
+        dims = tuple(_int(d, "a dimension") for d in dims)
+        if sorted(dims) != list(range(self.ndim)):
+            raise NkiValidationError("view", f"permute({dims}) is not a permutation of the {self.ndim} dims")
+        if self._onchip() and dims[0] != 0:
+            raise NkiValidationError(
+                "partition-dim", "permute may not move the partition dim (dim 0) of an SBUF/PSUM tensor"
+            )
+        return self._view(self._a.transpose(dims))
+
+    def broadcast(self, dim, size) -> NkiTensor:
+        self._direct("broadcast")
+        d = self._check_dim(dim)
+        if self.shape[d] != 1:
+            raise NkiValidationError("view", f"broadcast needs dim {d} of size 1, shape is {self.shape}")
+        shape = list(self.shape)
+        shape[d] = _int(size, "a broadcast size")
+        return self._view(np.broadcast_to(self._a, tuple(shape)))
+
+    def expand_dim(self, dim) -> NkiTensor:
+        self._direct("expand_dim")
+        d = _int(dim, "a dimension")
+        d = d + self.ndim + 1 if d < 0 else d
+        if d == 0 and self._onchip():
+            raise NkiValidationError("partition-dim", "expand_dim(0) would move the partition dim of an SBUF tensor")
+        return self._view(np.expand_dims(self._a, d))
+
+    def squeeze_dim(self, dim) -> NkiTensor:
+        d = self._check_dim(dim)
+        if self.shape[d] != 1:
+            raise NkiValidationError("view", f"squeeze_dim needs dim {d} of size 1, shape is {self.shape}")
+        return self._view(np.squeeze(self._a, d))
+
+    def reshape(self, shape) -> NkiTensor:
+        self._direct("reshape")
+        shape = tuple(_int(s, "a shape entry") for s in (shape if isinstance(shape, (tuple, list)) else (shape,)))
+        view = self._a.view()
+        try:
+            view.shape = shape
+        except (AttributeError, ValueError) as exc:
+            raise NkiValidationError(
+                "reshape",
+                f"cannot reshape a view of shape {self.shape} with strides {self.strides} to {shape} without a copy "
+                f"({exc}); reshape the contiguous tensor, or copy first",
+            ) from None
+        if self._onchip() and view.shape[0] != self.shape[0]:
+            raise NkiValidationError(
+                "partition-dim", f"reshape of an SBUF/PSUM tensor must keep the partition dim {self.shape[0]}"
+            )
+        return self._view(view)
+
+    def reshape_dim(self, dim, shape) -> NkiTensor:
+        d = self._check_dim(dim, allow_partition=True)
+        new = self.shape[:d] + tuple(shape) + self.shape[d + 1 :]
+        return self.reshape(new)
+
+    def flatten_dims(self, start, end) -> NkiTensor:
+        s = self._check_dim(start, allow_partition=True)
+        e = self._check_dim(end, allow_partition=True)
+        new = self.shape[:s] + (math.prod(self.shape[s : e + 1]),) + self.shape[e + 1 :]
+        return self.reshape(new)
+
+    def view(self, dtype) -> NkiTensor:
+        """Reinterpret the bits as another dtype of the same size."""
+        self._direct("view")
+        name = dtypes.dtype_name(dtype)
+        if dtypes.itemsize(name) != self.itemsize:
+            raise NkiValidationError(
+                "view", f"view({name}) needs a dtype of the same size as {self._dt} ({self.itemsize} bytes)"
+            )
+        return NkiTensor(self._a.view(dtypes.STORAGE[name]), self._s, name)
+
+    def is_contiguous(self) -> bool:
+        return self._idx is None and self._a.flags.c_contiguous
+
+    def is_indirect(self) -> bool:
+        return self._idx is not None
+
+    def get_pattern(self) -> list[list[int]]:
+        return [[st, n] for st, n in zip(self.strides, self.shape, strict=True)]
+
+    def ap(self, pattern, offset=0, scalar_offset=None, vector_offset=None, indirect_dim=0, dtype=None) -> NkiTensor:
+        """A raw access pattern `[[step, num], ...]` (outermost first) over the base allocation, ignoring this view.
+
+        For SBUF/PSUM the first pair addresses partitions: its step must equal the allocation's free-element count.
+        `scalar_offset` (an int or a 1-element tensor) and `vector_offset` (one index per element of dim
+        `indirect_dim`) move dim `indirect_dim` dynamically, in units of that dim's step: the indirect DMA gather /
+        scatter (e.g. embedding lookup) of NKI.
+        """
+        if dtype is not None and dtypes.dtype_name(dtype) != self._dt:
+            raise NkiValidationError("ap", "ap(dtype=...) reinterpretation is not supported; use .view(dtype) first")
+        pattern = [[_int(st, "an access-pattern step"), _int(n, "an access-pattern count")] for st, n in pattern]
+        if not pattern:
+            raise NkiValidationError("ap", "an access pattern needs at least one [step, num] pair")
+        base = self._s.data
+        offset = _int(offset, "an access-pattern offset")
+        if self._onchip():
+            row = math.prod(base.shape[1:])
+            if pattern[0][0] != row:
+                raise NkiValidationError(
+                    "ap",
+                    f"the first [step, num] of an SBUF/PSUM access pattern addresses partitions: step must be the "
+                    f"allocation's free size {row}, got {pattern[0][0]}",
+                )
+        steps = [st for st, _ in pattern]
+        counts = [n for _, n in pattern]
+        if any(st < 0 for st in steps) or any(n <= 0 for n in counts):
+            raise NkiValidationError("ap", f"access pattern {pattern} needs non-negative steps and positive counts")
+        if scalar_offset is not None:
+            value = scalar_offset
+            if isinstance(value, NkiTensor):
+                value = int(np.asarray(value._read()).reshape(-1)[0])
+            offset += _int(value, "scalar_offset") * steps[indirect_dim]
+        flat = base.reshape(-1)
+        if vector_offset is None:
+            last = offset + sum(st * (n - 1) for st, n in pattern)
+            if offset < 0 or last >= flat.size:
+                raise NkiValidationError(
+                    "ap", f"access pattern {pattern} at offset {offset} reaches element {last} of an allocation of "
+                    f"{flat.size} elements"
+                )
+            item = flat.itemsize
+            view = np.lib.stride_tricks.as_strided(flat[offset:], tuple(counts), tuple(st * item for st in steps))
+            if view.dtype != dtypes.STORAGE[self._dt]:
+                view = view.view(dtypes.STORAGE[self._dt])
+            return NkiTensor(view, self._s, self._dt)
+        if not isinstance(vector_offset, NkiTensor):
+            raise NkiValidationError("ap", "vector_offset must be an SBUF tensor of indices")
+        d = _int(indirect_dim, "indirect_dim")
+        if not 0 <= d < len(pattern):
+            raise NkiValidationError("ap", f"indirect_dim {d} is outside the {len(pattern)}-D access pattern")
+        rows = np.asarray(vector_offset._read()).reshape(-1)
+        if rows.size != counts[d]:
+            raise NkiValidationError(
+                "ap", f"vector_offset has {rows.size} indices but access-pattern dim {d} has {counts[d]} elements"
+            )
+        rows = rows.astype(np.int64) if rows.dtype.kind in "iu" else np.rint(rows.astype(np.float64)).astype(np.int64)
+        idx = np.full(tuple(counts), offset, dtype=np.int64)
+        for k, (st, n) in enumerate(pattern):
+            shape = [1] * len(pattern)
+            shape[k] = n
+            along = rows * st if k == d else np.arange(n, dtype=np.int64) * st
+            idx += along.reshape(shape)
+        # a dynamic index out of range invalidates its whole row (the DMA skips whole descriptors)
+        oob = (idx < 0) | (idx >= flat.size)
+        other_axes = tuple(k for k in range(len(pattern)) if k != d)
+        oob = np.broadcast_to(oob.any(axis=other_axes, keepdims=True), oob.shape) if other_axes else oob
+        return NkiTensor(None, self._s, self._dt, (idx, oob if oob.any() else None))
+
+
+def allocate(shape, dtype, buffer, name: str = "", fill=None, site=None) -> NkiTensor:
+    """A fresh tensor in `buffer` (NaN-filled unless `fill` says otherwise), registered with the running kernel."""
+    ctx = current()
+    if isinstance(buffer, str):
+        raise NkiValidationError(
+            "buffer-object", f"buffer={buffer!r}: buffers are objects, not strings; use nl.{buffer} (e.g. nl.sbuf)"
+        )
+    if not isinstance(buffer, MemoryRegion):
+        raise NkiValidationError(
+            "buffer-object", f"buffer={buffer!r} is not an NKI buffer; use nl.sbuf, nl.psum, nl.hbm or nl.shared_hbm"
+        )
+    if isinstance(shape, (int, np.integer)):
+        shape = (shape,)
+    shape = tuple(_int(s, "a shape entry") for s in shape)
+    if not shape or any(s <= 0 for s in shape):
+        raise NkiValidationError("shape", f"tensor shape {shape} must have at least one dim and positive sizes")
+    name_dt = dtypes.dtype_name(dtype)
+    region = buffer.value
+    limits = ctx.limits
+    site = site or kernel_site(2)
+    use = None
+    if region in ONCHIP:
+        if shape[0] > limits.pmax:
+            raise NkiValidationError(
+                "partition-dim",
+                f"an {region.upper()} tensor of shape {shape} has {shape[0]} partitions; the partition dim (dim 0) "
+                f"holds at most {limits.pmax}. Tile it into {limits.pmax}-row pieces",
+                site,
+            )
+        per_partition = math.prod(shape[1:]) * dtypes.itemsize(name_dt)
+        if region == "sbuf":
+            capacity, banks = limits.sbuf_partition_bytes, 0
+        else:
+            capacity = limits.psum_partition_bytes
+            banks = -(-per_partition // limits.psum_bank_bytes)
+        if per_partition > capacity:
+            raise NkiValidationError(
+                f"{region}-capacity",
+                f"{region.upper()} tensor {name or ''}{shape} {name_dt} needs {per_partition} bytes per partition; "
+                f"{ctx.target} has {capacity} bytes per partition",
+                site,
+            )
+        use = Allocation(region, per_partition, banks, site, name)
+        ctx.allocations.append(use)
+    elif region == "shared_hbm" and ctx.launch.num_programs > 1:
+        shared = ctx.launch.shared_hbm
+        k = ctx.shared_seen
+        ctx.shared_seen += 1
+        if k < len(shared):  # the other program instance already made this tensor: both address the same HBM
+            storage = shared[k]
+            if storage.data.shape != shape or storage.data.dtype != dtypes.STORAGE[name_dt]:
+                raise NkiValidationError(
+                    "shared-hbm",
+                    f"program instances allocate different shared_hbm tensors at the same point ({shape} {name_dt} vs "
+                    f"{storage.data.shape}); allocate shared tensors identically in every instance",
+                    site,
+                )
+            return NkiTensor(storage.data, storage, name_dt)
+    value = dtypes.fill_value(name_dt) if fill is None else fill
+    storage_dtype = dtypes.STORAGE[name_dt]
+    if use is not None:  # on-chip tiles come and go by the thousand: reuse the memory of dead ones (warm pages)
+        key = (shape, storage_dtype)
+        free = ctx.launch.free_tiles.get(key)
+        if free:
+            data = free.pop()
+            data.fill(value)
+        else:
+            data = np.full(shape, value, dtype=storage_dtype)
+        storage = Storage(data, region, name, site, use)
+        weakref.finalize(storage, _recycle, ctx.launch.free_tiles, key, data)
+        return NkiTensor(data, storage, name_dt)
+    data = np.full(shape, value, dtype=storage_dtype)
+    storage = Storage(data, region, name, site, use)
+    if region == "shared_hbm" and ctx.launch.num_programs > 1:
+        ctx.launch.shared_hbm.append(storage)
+    return NkiTensor(data, storage, name_dt)
+
+
+def _recycle(free_tiles: dict, key, data: np.ndarray) -> None:
+    """Keep a dead tile's array for the next allocation of the same shape and dtype (a few per shape)."""
+    bucket = free_tiles.setdefault(key, [])
+    if len(bucket) < 8:
+        bucket.append(data)
+
+
+def wrap_array(array: np.ndarray, dtype: str, buffer: str, name: str) -> NkiTensor:
+    """An HBM kernel argument backed by `array` (already in storage layout)."""
+    storage = Storage(array, buffer, name, None, None)
+    return NkiTensor(array, storage, dtype)
+
+
+def check_capacity(allocations: list[Allocation], limits) -> None:
+    """Reject the run if live SBUF bytes or live PSUM banks ever exceed the target's capacity."""
+    for region, key, capacity, unit in (
+        ("sbuf", "bytes", limits.sbuf_partition_bytes, "bytes per partition"),
+        ("psum", "banks", limits.psum_num_banks, "PSUM banks"),
+    ):
+        events = []
+        for k, a in enumerate(allocations):
+            if a.buffer == region and a.first >= 0:
+                amount = getattr(a, key)
+                events.append((a.first, 1, k, amount))
+                events.append((a.last + 1, 0, k, -amount))
+        events.sort()
+        live = 0
+        for _, _, k, amount in events:
+            live += amount
+            if live > capacity:
+                a = allocations[k]
+                raise NkiValidationError(
+                    f"{region}-capacity",
+                    f"live {region.upper()} tensors need {live} {unit} when this {a.name or 'tensor'} "
+                    f"({a.bytes} bytes per partition) becomes live; {limits.name} has {capacity}. "
+                    "Free earlier tiles sooner (allocate inside the loop that uses them) or use smaller tiles",
+                    a.site,
+                )

@@ -1,0 +1,195 @@
+"""Backend options: one frozen dataclass, validated once, before anything is compiled.
+
+Options reach the backend as `torch.compile(model, backend="neuron", options={...})`. Each field carries its own
+help text and (where it applies) its allowed values in the field metadata, so validation, environment overrides and
+the README's options table all come from this one definition. Later issues add a field here and nothing else.
+
+Precedence: field default < environment variable `NEURON_DYNAMO_<NAME>` < `options={...}`. The environment sets the
+defaults of a whole run (CI, a shell), the code states what a particular call needs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import typing
+from collections.abc import Mapping
+from typing import Any
+
+from neuron_dynamo.errors import NeuronDynamoError
+
+ENV_PREFIX = "NEURON_DYNAMO_"
+
+# Modes torch.compile may forward to a backend. They tune Inductor/CUDA graphs; here they are accepted and ignored
+# (Transformers' CompileConfig sends "reduce-overhead" by default).
+TORCH_COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+class OptionError(NeuronDynamoError, ValueError):
+    """An option name or value the backend does not accept."""
+
+
+def _option(default: Any, help: str, choices: tuple | None = None, minimum: int | None = None) -> Any:
+    return dataclasses.field(default=default, metadata={"help": help, "choices": choices, "minimum": minimum})
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    target: str = _option(
+        "auto",
+        "Where lowered regions run. `reference`: the region's aten graph executed by torch (a debugging aid); "
+        "`simulator`: NKI kernels on the CPU interpreter; `neuron`: a genuine Trainium toolchain; `auto`: the best "
+        "available one.",
+        choices=("auto", "neuron", "simulator", "reference"),
+    )
+    fallback: str = _option(
+        "eager",
+        "What to do with an op the target cannot run: `eager` runs it with PyTorch and reports it; `error` raises, "
+        "naming the op and the reason (a strict mode for CI).",
+        choices=("eager", "error"),
+    )
+    min_region_size: int = _option(
+        1, "Regions with fewer compute ops than this run eagerly (each region costs a kernel launch).", minimum=1
+    )
+    eager_ops: tuple[str, ...] = _option(
+        (),
+        "Op names forced to run eagerly, e.g. `aten.mm` (every overload) or `aten.mm.default` (one overload). "
+        "From the environment: a comma-separated list.",
+    )
+    bucketing: bool = _option(
+        True,
+        "Serve dynamic sizes from a few static programs: inputs are padded up to a bucket and outputs sliced back, "
+        "where the padding proof (passes/padding.py) shows no real output can change; elsewhere the graph runs at "
+        "exact shapes and the reason is counted.",
+    )
+    bucket_policy: str = _option(
+        "multiple",
+        "How a dynamic size is rounded up: `multiple` (of `bucket_multiple`), `pow2` (next power of two) or `exact` "
+        "(no padding, one program per size).",
+        choices=("multiple", "pow2", "exact"),
+    )
+    bucket_multiple: int = _option(128, "The step of the `multiple` bucket policy.", minimum=1)
+    buckets: tuple[int, ...] = _option(
+        (), "Explicit bucket sizes (replace bucket_policy): a size runs in the smallest bucket >= it."
+    )
+    bucket_dims: tuple[str, ...] = _option(
+        (),
+        "Per-dimension overrides `DIM=POLICY`, DIM being the input tensor dim where a dynamic size first appears "
+        "(0: batch, 1: sequence for most models), POLICY `multiple`, `pow2`, `exact` or a multiple, e.g. `0=pow2`.",
+    )
+    max_bucket: int = _option(
+        0, "The largest bucket (0: unbounded); a larger size raises, unless beyond_max_bucket='exact'.", minimum=0
+    )
+    beyond_max_bucket: str = _option(
+        "error", "Sizes above max_bucket: `error` raises naming the fix, `exact` compiles them at their exact size.",
+        choices=("error", "exact"),
+    )
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            _check_field(field, getattr(self, field.name))
+
+    @classmethod
+    def names(cls) -> list[str]:
+        return [field.name for field in dataclasses.fields(cls)]
+
+
+@functools.cache
+def _type_hints() -> dict[str, Any]:
+    return typing.get_type_hints(Options)  # resolved once: the annotations are strings (postponed evaluation)
+
+
+def _field_type(field: dataclasses.Field) -> Any:
+    return _type_hints()[field.name]
+
+
+def _check_field(field: dataclasses.Field, value: Any) -> None:
+    expected = _field_type(field)
+    if typing.get_origin(expected) is tuple:
+        item_type = typing.get_args(expected)[0]
+        if not isinstance(value, tuple) or not all(
+            isinstance(item, item_type) and not isinstance(item, bool) for item in value
+        ):
+            items = "strings" if item_type is str else "integers"
+            raise OptionError(f"option {field.name!r} must be a list of {items}, got {value!r}")
+    elif expected is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise OptionError(f"option {field.name!r} must be an integer, got {value!r}")
+    elif not isinstance(value, expected):
+        raise OptionError(f"option {field.name!r} must be of type {expected.__name__}, got {value!r}")
+    choices = field.metadata["choices"]
+    if choices is not None and value not in choices:
+        raise OptionError(f"option {field.name!r} must be one of {', '.join(map(repr, choices))}; got {value!r}")
+    minimum = field.metadata["minimum"]
+    if minimum is not None and value < minimum:
+        raise OptionError(f"option {field.name!r} must be at least {minimum}, got {value!r}")
+
+
+def _coerce(field: dataclasses.Field, value: Any, source: str) -> Any:
+    """Turn a user value (or an environment string) into the field's type; the type check comes later."""
+    expected = _field_type(field)
+    if typing.get_origin(expected) is tuple:
+        if isinstance(value, str):
+            items = tuple(item.strip() for item in value.split(",") if item.strip())
+            if typing.get_args(expected)[0] is int:
+                try:
+                    return tuple(int(item) for item in items)
+                except ValueError:
+                    raise OptionError(f"{source} must be a comma-separated list of integers, got {value!r}") from None
+            return items
+        if isinstance(value, (list, tuple, set, frozenset)):
+            return tuple(value)
+        return value
+    if isinstance(value, str) and expected is int:
+        try:
+            return int(value)
+        except ValueError:
+            raise OptionError(f"{source} must be an integer, got {value!r}") from None
+    if isinstance(value, str) and expected is bool:
+        lowered = value.strip().lower()
+        if lowered in ("1", "true", "yes", "on"):
+            return True
+        if lowered in ("0", "false", "no", "off"):
+            return False
+        raise OptionError(f"{source} must be a boolean (1/0, true/false), got {value!r}")
+    return value
+
+
+def resolve_options(
+    options: Mapping[str, Any] | None = None, mode: str | None = None, environ: Mapping[str, str] | None = None
+) -> Options:
+    """Validate `options` (and `mode`) into an `Options`, applying `NEURON_DYNAMO_<NAME>` environment overrides."""
+    if mode is not None and mode not in TORCH_COMPILE_MODES:
+        raise OptionError(f"mode={mode!r} is not a torch.compile mode; use one of {', '.join(TORCH_COMPILE_MODES)}")
+    options = dict(options or {})
+    valid = Options.names()
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        raise OptionError(
+            f"unknown option(s) {', '.join(map(repr, unknown))} for backend 'neuron'; valid options: {', '.join(valid)}"
+        )
+    environ = os.environ if environ is None else environ
+    values = {}
+    for field in dataclasses.fields(Options):
+        env_name = ENV_PREFIX + field.name.upper()
+        if field.name in options:
+            values[field.name] = _coerce(field, options[field.name], f"option {field.name!r}")
+        elif env_name in environ:
+            values[field.name] = _coerce(field, environ[env_name], f"environment variable {env_name}")
+    return Options(**values)
+
+
+def options_table() -> str:
+    """The options as a Markdown table (for the README and `--help` texts)."""
+    rows = ["| option | default | values | environment | meaning |", "|---|---|---|---|---|"]
+    for field in dataclasses.fields(Options):
+        choices = field.metadata["choices"]
+        values = " \\| ".join(f"`{choice}`" for choice in choices) if choices else _field_type(field).__name__
+        if typing.get_origin(_field_type(field)) is tuple:
+            values = f"list of {typing.get_args(_field_type(field))[0].__name__}"
+        rows.append(
+            f"| `{field.name}` | `{field.default!r}` | {values} | `{ENV_PREFIX}{field.name.upper()}` "
+            f"| {field.metadata['help']} |"
+        )
+    return "\n".join(rows)

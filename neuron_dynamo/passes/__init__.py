@@ -1,0 +1,1 @@
+"""Graph → graph passes over aten FX graphs, each a pure function with its own tests."""

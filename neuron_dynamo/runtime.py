@@ -1,0 +1,70 @@
+"""Running a compiled graph: pick (or lazily build) the static program for the call's shapes and run it.
+
+Trainium runs static shapes only, so one AOTAutograd graph, possibly symbolic, owns a dict of static programs keyed
+by the concrete shapes (and integer inputs) of the call. Each program is the partitioned graph: its regions call
+the compiled kernels, the fallback ops run with PyTorch, all in graph order.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from neuron_dynamo import counters
+
+log = logging.getLogger("neuron_dynamo.runtime")
+
+
+class StaticProgram:
+    """One static specialisation of a graph: the partitioned module with compiled regions, and its report."""
+
+    def __init__(self, module: fx.GraphModule, report: Any) -> None:
+        self.module = module
+        self.report = report
+
+    def __call__(self, *args: Any) -> Any:
+        if counters.reporting():  # an explain() is listening: tell it this program ran
+            counters.publish_report(self.report)
+        return self.module(*args)
+
+
+def specialization_key(args: Sequence[Any]) -> Hashable:
+    """What tells two calls' static programs apart: every tensor's shape and every integer input."""
+    return tuple(tuple(arg.shape) if isinstance(arg, torch.Tensor) else arg for arg in args)
+
+
+class CompiledGraph:
+    """What AOTAutograd calls in place of one forward, backward or inference graph.
+
+    `compile_program(args)` builds the static program for the shapes of `args`; it runs at most once per key.
+    A graph without symbolic dims has a single key, so its one program is found without computing the key.
+    It takes its inputs as one list (AOTAutograd's boxed calling convention) and lets go of them once the
+    program holds them, so activations can be freed as early as the graph allows. (`_boxed_call` is set per
+    instance: AOTAutograd wraps backward compilers in `functools.wraps`, which copies instance attributes only.)
+    """
+
+    def __init__(self, name: str, compile_program: Callable[[Sequence[Any]], StaticProgram], *, static: bool) -> None:
+        self.name = name
+        self.compile_program = compile_program
+        self.static = static
+        self.programs: dict[Hashable, StaticProgram] = {}
+        self._boxed_call = True
+
+    def program_for(self, args: Sequence[Any]) -> StaticProgram:
+        key = () if self.static else specialization_key(args)
+        program = self.programs.get(key)
+        if program is None:
+            log.debug("%s: compiling a static program for %s", self.name, key)
+            program = self.programs[key] = self.compile_program(args)
+        return program
+
+    def __call__(self, args: list[Any]) -> Any:
+        program = self.program_for(args)
+        counters.bump("calls")
+        inputs = list(args)
+        args.clear()
+        return program(*inputs)

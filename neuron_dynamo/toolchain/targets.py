@@ -1,0 +1,119 @@
+"""Targets: where a lowered region runs, and which nodes it can take.
+
+A target answers two questions for the partitioner and the compiler:
+
+- `supports(node) -> None | reason`: can this node run here (given it has a kernel for this target)? The base
+  check is the dtype of every tensor the node reads or writes; a target may refuse more (shapes, layouts).
+- `compile_region(lowered_region, example_inputs) -> callable`: turn a region whose ops already call this
+  target's kernels into something to run.
+
+The NKI targets plug in here and in the lowering registry (their kernels), never in the partitioner.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import torch
+import torch.fx as fx
+from torch.utils._pytree import tree_leaves
+
+from neuron_dynamo.errors import NeuronDynamoError
+
+
+class TargetUnavailableError(NeuronDynamoError):
+    """The requested target cannot run on this machine."""
+
+
+# What Trainium stores natively (fp8 included); int64 stays for indices, which the NKI kernels narrow to int32.
+DEVICE_DTYPES = frozenset({
+    torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2,
+    torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool,
+})
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    return [leaf for leaf in tree_leaves(value) if isinstance(leaf, torch.Tensor)]
+
+
+def node_tensor_values(node: fx.Node) -> list[torch.Tensor]:
+    """The (fake) tensors a node reads and writes, from the `val` metadata AOTAutograd and make_fx record."""
+    values = _tensors(node.meta.get("val"))
+    for arg in node.all_input_nodes:
+        values.extend(_tensors(arg.meta.get("val")))
+    return values
+
+
+class Target(Protocol):
+    """What the partitioner and the compiler need from a target."""
+
+    name: str
+
+    def supports(self, node: fx.Node) -> str | None: ...
+
+    def compile_region(self, lowered_region: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class InProcessTarget:
+    """A target whose lowered regions run in this Python process.
+
+    `reference` kernels call torch (the debugging baseline that stays for good); `simulator` kernels call the NKI
+    interpreter. Either way the lowered region is an FX GraphModule calling those kernels, so compiling it is
+    running it.
+    """
+
+    name: str
+    description: str
+    dtypes: frozenset[torch.dtype] = DEVICE_DTYPES
+
+    def supports(self, node: fx.Node) -> str | None:
+        for value in node_tensor_values(node):
+            if value.dtype not in self.dtypes:
+                return f"unsupported dtype ({str(value.dtype).removeprefix('torch.')})"
+        return None
+
+    def compile_region(self, lowered_region: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+        return lowered_region
+
+
+REFERENCE = InProcessTarget("reference", "region aten graphs executed by torch (debugging baseline)")
+SIMULATOR = InProcessTarget("simulator", "NKI kernels executed by the CPU interpreter of neuron_dynamo.nki")
+TARGET_NAMES = ("auto", "neuron", "simulator", "reference")
+
+
+def nki_toolchain_info() -> dict[str, Any]:
+    """`neuron_dynamo.nki.toolchain_info()`: genuine NKI or the interpreter, its version, the target generation.
+
+    Imported on first use, so that importing the backend does not load the NKI interpreter.
+    """
+    from neuron_dynamo.nki import toolchain_info
+
+    return toolchain_info()
+
+
+def resolve_target(name: str) -> InProcessTarget:
+    """The target object for an option value; raises before compiling anything if it cannot run here.
+
+    `auto` resolves to `reference` until the NKI lowerings exist (the simulator then becomes the CPU default).
+    `simulator` is accepted today: it has no kernels yet, so every op falls back with that reason in the report.
+    `neuron` needs the genuine toolchain, so asking for it elsewhere is an error rather than a silent substitute.
+    """
+    if name in ("auto", "reference"):
+        return REFERENCE
+    if name == "simulator":
+        return SIMULATOR
+    if name == "neuron":
+        toolchain = nki_toolchain_info()
+        if not toolchain.get("genuine"):
+            raise TargetUnavailableError(
+                "target 'neuron' needs a Trainium host with the genuine NKI toolchain (nki, neuronx-cc); this "
+                f"machine has provider {toolchain.get('provider')!r}. Use target='simulator' or 'reference'."
+            )
+        raise TargetUnavailableError(
+            "target 'neuron': the neuronx-cc compile path is not part of this version yet; "
+            "use target='simulator' or 'reference'."
+        )
+    raise TargetUnavailableError(f"unknown target {name!r}; valid targets: {', '.join(TARGET_NAMES)}")
