@@ -49,7 +49,7 @@ def cases(quick):
         return (q, k, v, None, True, d**-0.5), 2 * 2 * s * s * d / 2  # QKᵀ and PV over the causal half
 
     def attention_backward():
-        sb = s // 2
+        sb = s
         q, k, v, dout = rand(1, 1, sb, d), rand(1, 1, sb, d), rand(1, 1, sb, d), rand(1, 1, sb, d)
         out, lse = attention_kernel(q, k, v, None, True, d**-0.5)
         return (q, k, v, out, dout, lse, None, True, d**-0.5), 5 * 2 * sb * sb * d / 2  # five products per block
@@ -69,9 +69,11 @@ def cases(quick):
         ("matmul_linear_bias_gelu", matmul_kernel,
          lambda: ((rand(n, n), rand(n // 2, n), rand(n // 2), "gelu_tanh", False, True), 2 * n * n * n // 2),
          f"{n}x{n} @ ({n // 2}x{n})ᵀ + b, gelu_tanh bf16", "tensor"),
+        ("matmul_decode_linear", matmul_kernel,
+         lambda: ((rand(16, n), rand(n, n), None, "none", False, True), None), f"16x{n} @ ({n}x{n})ᵀ bf16", "hbm"),
         ("attention_causal", attention_kernel, attention_causal, f"1x1x{s}x{d} causal bf16", "causal"),
         ("attention_decode_gqa", attention_kernel, attention_decode, f"q 1x32x1x{d}, kv 1x8x{s}x{d} bf16", "hbm"),
-        ("attention_backward_causal", attention_backward_kernel, attention_backward, f"1x1x{s // 2}x{d} bf16",
+        ("attention_backward_causal", attention_backward_kernel, attention_backward, f"1x1x{s}x{d} causal bf16",
          "causal"),
         ("softmax", softmax_kernel, lambda: ((x(),), None), f"{n}x{n} bf16", "hbm"),
         ("log_softmax", log_softmax_kernel, lambda: ((x(),), None), f"{n}x{n} bf16", "hbm"),

@@ -4,7 +4,7 @@ Layout contract (`attention_kernel`):
   q        [B, Hq, Sq, D]; k, v [B, Hkv, Sk, D] with Hkv dividing Hq (grouped-query: query head h reads kv head
            h // (Hq / Hkv), as HF's repeat_kv); D ≤ 128; one dtype for q, k, v (fp32, bf16 or fp16)
   Sq, Sk   multiples of 128 (prefill/training), or Sq == 1 (decode against a static KV cache of any length)
-  mask     optional additive mask [B or 1, Hq or 1, Sq, Sk] (large negative values, not -inf, for masked keys)
+  mask     optional additive mask [B or 1, Hq or 1, Sq, Sk] (-inf or a large negative value for masked keys)
   causal   query i sees keys j ≤ i + (Sk - Sq) (bottom-right aligned, as HF with a KV prefix)
   scale    python float (usually D ** -0.5)
   kv_len   optional int32 [B]: only keys j < kv_len[b] are valid (a static cache's filled length); a runtime
@@ -16,7 +16,7 @@ Tiling: for each (batch, kv head) Kᵀ [D, Sk] (by TensorE transposes) and V [Sk
 query heads of its group stream past, 128 query rows at a time (in decode, the group's heads are the rows).
 Scores of a 128 × 2048 key block land in four PSUM banks (Qᵀ stationary, Kᵀ moving); VectorE takes the
 row max, ScalarE exponentiates with the running max as bias and sums the row in the same pass (online
-softmax); the probabilities are transposed in 128 × 128 blocks (for 16-bit dtypes mostly by DMA transposes,
+softmax); the probabilities are transposed in 128 × 128 blocks (for 16-bit dtypes partly by DMA transposes,
 the rest by TensorE) and multiplied with V into one PSUM bank; the running output is rescaled and accumulated
 in fp32 by one VectorE instruction, the per-row bookkeeping runs on GpSimd. Causal attention only visits
 key blocks up to the diagonal and masks the diagonal 128 × 128 square by accumulating identityᵀ · mask into
@@ -28,18 +28,20 @@ import nki.isa as nisa
 import nki.language as nl
 
 from .contract import require, require_float
-from .tiling import FMAX, PMAX, broadcast_rows, cdiv, itemsize, load_transposed
+from .tiling import FMAX, PMAX, broadcast_rows, cdiv, itemsize, load_transposed, transpose_rows
 
 KEY_BLOCK = 4 * FMAX  # keys per online-softmax step: four PSUM banks of scores
 NEG = -1.0e30  # additive value of a masked score
-# how each 128-key block of probabilities gets transposed (see _probs_times_v): DMA, TensorE+ScalarE, TensorE+VectorE
-TRANSPOSE_ROUTE = "svd" * 10 + "sv"
+# How each 128-key block of probabilities gets transposed (see _probs_times_v): "d" DMA, "s" TensorE + ScalarE
+# copy, "v" TensorE + VectorE copy. Tuned with benchmarks/kernels.py so that VectorE (row max), ScalarE (exp),
+# DMA and TensorE finish close together on causal 4096 x 128 bf16 attention.
+TRANSPOSE_ROUTE = "ddddsvsvdddsvsvs"
 
 
 @nki.jit
 def attention_kernel(q, k, v, mask=None, causal=False, scale=1.0, kv_len=None):
     """Flash-attention forward; see the module docstring for the layout contract."""
-    check_attention_args("attention_kernel", q, k, v, mask, True)
+    check_attention_args("attention_kernel", q, k, v, mask, True, causal)
     batch, heads, sq, d = q.shape
     kv_heads, sk = k.shape[1], k.shape[2]
     group = heads // kv_heads
@@ -88,7 +90,7 @@ def attention_kernel(q, k, v, mask=None, causal=False, scale=1.0, kv_len=None):
     return out, lse
 
 
-def check_attention_args(name, q, k, v, mask, allow_decode):
+def check_attention_args(name, q, k, v, mask, allow_decode, causal=False):
     """The layout contract shared by the forward and backward kernels (see the module docstring)."""
     require(len(q.shape) == 4 and len(k.shape) == 4 and tuple(k.shape) == tuple(v.shape), name,
             f"q must be [B, Hq, Sq, D] and k, v [B, Hkv, Sk, D], got {tuple(q.shape)}, {tuple(k.shape)}, "
@@ -104,6 +106,8 @@ def check_attention_args(name, q, k, v, mask, allow_decode):
     decode_ok = allow_decode and sq == 1 and heads // k.shape[1] <= PMAX
     require(long_ok or decode_ok, name, f"Sq={sq}, Sk={k.shape[2]}: need both multiples of {PMAX}"
             + (" (or Sq == 1 for decode)" if allow_decode else "") + "; pad to a multiple of 128 and mask the padding")
+    require(not causal or sq <= k.shape[2], name, f"causal attention with Sq={sq} > Sk={k.shape[2]} leaves the first "
+            "queries without keys; give at least as many keys as queries")
     if mask != None:  # noqa: E711
         require(len(mask.shape) == 4 and mask.shape[0] in (1, batch) and mask.shape[1] in (1, heads)
                 and tuple(mask.shape[2:]) == (sq, k.shape[2]), name,
@@ -132,16 +136,11 @@ def load_key_tiles(src, sk, d):
 
 
 def load_keys_transposed(src, sk, d):
-    """src [Sk, D] (HBM) as Kᵀ [D, Sk] in SBUF: DMA transposes of up to 512 keys (1 KiB rows) for 2-byte
-    dtypes, TensorE transposes of 128 keys for fp32."""
+    """src [Sk, D] (HBM) as Kᵀ [D, Sk] in SBUF, `transpose_rows` keys at a time."""
     k_t = nl.ndarray((PMAX, sk), dtype=src.dtype, buffer=nl.sbuf)
-    step = FMAX if itemsize(src.dtype) == 2 else PMAX
+    step = transpose_rows(src.dtype)
     for s0 in range(0, sk, step):
-        n = min(step, sk - s0)
-        if step == FMAX:
-            nisa.dma_transpose(dst=k_t[0:d, s0 : s0 + n], src=src[s0 : s0 + n, 0:d])
-        else:
-            load_transposed(src, s0, n, 0, d, [k_t], s0)
+        load_transposed(src, s0, min(step, sk - s0), 0, d, [k_t], s0)
     return k_t
 
 
@@ -176,7 +175,7 @@ def extra_mask(masks, rows, k0, kb, scale, dtype):
         nisa.dma_copy(dst=raw[0:rows, 0:kb], src=m_view[m_r0 : m_r0 + rows, k0 : k0 + kb])
     block = nl.ndarray((PMAX, KEY_BLOCK), dtype=dtype, buffer=nl.sbuf)
     nisa.tensor_scalar(dst=block[0:rows, 0:kb], data=raw[0:rows, 0:kb], op0=nl.multiply, operand0=1.0 / scale,
-                       engine=nisa.engine.gpsimd)
+                       op1=nl.maximum, operand1=NEG, engine=nisa.engine.gpsimd)  # -inf → NEG: 0 · -inf is NaN
     if invalid != None:  # noqa: E711
         nisa.tensor_tensor(dst=block[0:rows, 0:kb], data1=block[0:rows, 0:kb], data2=invalid[0:rows, k0 : k0 + kb],
                            op=nl.add, engine=nisa.engine.gpsimd)
@@ -261,24 +260,34 @@ def _probs_times_v(probs, rows, kb, v_tiles, first_tile, d):
 
     TensorE needs probsᵀ (keys on partitions). Each 128-key block is transposed by one of three routes,
     chosen by `TRANSPOSE_ROUTE` so that no engine outgrows the row max that VectorE must do anyway: "d" a
-    DMA transpose SBUF→SBUF (2-byte dtypes and full 128-row tiles; otherwise "s" or "v"), "s" a TensorE
+    DMA transpose SBUF→SBUF (2-byte dtypes and full 128-row tiles, otherwise "s" or "v"; consecutive blocks
+    go four at a time through one 3-D transpose, which writes 1 KiB runs per partition), "s" a TensorE
     transpose copied out of PSUM by ScalarE, "v" the same copied by VectorE (TensorE transposes are grouped
     four to a PSUM bank, one copy per group).
     """
     n_tiles = cdiv(kb, PMAX)
     placed = [None] * n_tiles  # per key block: (SBUF tile, first column) of its transpose
     by_engine = ([], [])  # key blocks copied out of PSUM by ScalarE, by VectorE
+    by_dma = []  # runs of consecutive key blocks for one 3-D DMA transpose each
     for j in range(n_tiles):
         route = TRANSPOSE_ROUTE[(first_tile + j) % len(TRANSPOSE_ROUTE)]
-        if route == "d" and (itemsize(probs.dtype) != 2 or rows < PMAX):  # few rows (decode): TensorE is cheaper
+        full = rows == PMAX and kb - j * PMAX >= PMAX
+        if route == "d" and (itemsize(probs.dtype) != 2 or not full):  # few rows (decode): TensorE is cheaper
             route = "sv"[j % 2]
         if route == "d":
-            kt = min(PMAX, kb - j * PMAX)
-            tile = nl.ndarray((PMAX, PMAX), dtype=probs.dtype, buffer=nl.sbuf)
-            nisa.dma_transpose(dst=tile[0:kt, 0:rows], src=probs[0:rows, j * PMAX : j * PMAX + kt])
-            placed[j] = (tile, 0)
+            if by_dma and by_dma[-1][-1] == j - 1 and len(by_dma[-1]) < 4:
+                by_dma[-1].append(j)
+            else:
+                by_dma.append([j])
         else:
             by_engine[1 if route == "v" else 0].append(j)
+    for run in by_dma:  # [128 q, n, 128 k] → [128 k, n, 128 q]: 1 KiB of each partition per 4-block run
+        n, j0 = len(run), run[0]
+        tile = nl.ndarray((PMAX, 4, PMAX), dtype=probs.dtype, buffer=nl.sbuf)
+        nisa.dma_transpose(dst=tile[:, 0:n, :],
+                           src=probs[:, j0 * PMAX : (j0 + n) * PMAX].reshape((PMAX, n, PMAX)))
+        for i, j in enumerate(run):
+            placed[j] = (tile[:, i, :], 0)
     for e, blocks in enumerate(by_engine):
         for g0 in range(0, len(blocks), 4):
             group = blocks[g0 : g0 + 4]

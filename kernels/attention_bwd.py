@@ -13,22 +13,23 @@ Tiling: P is recomputed block by block (128 queries × 128 keys) from the saved 
 The key tile is the outer loop: its dK and dV accumulate in PSUM over the query tiles (P and dS have queries
 on partitions, which is exactly the stationary layout TensorE needs for Pᵀ·dO and dSᵀ·Q), then in fp32 SBUF
 over the heads of the group. dQ needs dSᵀ: one TensorE transpose per block, and the products accumulate in
-fp32 SBUF per query tile. Kᵀ, Vᵀ, Qᵀ and dOᵀ are transposed once per head by TensorE; D_i = rowsum(dO ∘ O)
-is computed once per query tile. Causal attention skips the blocks above the diagonal.
+fp32 SBUF per query tile. Kᵀ, Vᵀ, Qᵀ and dOᵀ are transposed once per head (DMA transposes for 2-byte
+dtypes, TensorE for fp32); D_i = rowsum(dO ∘ O) is computed once per query tile. Causal attention skips the
+blocks above the diagonal and adds the mask of the diagonal blocks on TensorE (identityᵀ · mask into PSUM).
 """
 
 import nki
 import nki.isa as nisa
 import nki.language as nl
 
-from .attention import causal_tile, check_attention_args, load_key_tiles
-from .tiling import PMAX, load_transposed
+from .attention import causal_tile, check_attention_args, load_key_tiles, load_keys_transposed
+from .tiling import PMAX
 
 
 @nki.jit
 def attention_backward_kernel(q, k, v, out, dout, lse, mask=None, causal=False, scale=1.0):
     """Gradients of flash attention; see the module docstring for the layout contract."""
-    check_attention_args("attention_backward_kernel", q, k, v, mask, False)
+    check_attention_args("attention_backward_kernel", q, k, v, mask, False, causal)
     batch, heads, sq, d = q.shape
     kv_heads, sk = k.shape[1], k.shape[2]
     group = heads // kv_heads
@@ -36,21 +37,22 @@ def attention_backward_kernel(q, k, v, out, dout, lse, mask=None, causal=False, 
     dk = nl.ndarray(k.shape, dtype=q.dtype, buffer=nl.shared_hbm)
     dv = nl.ndarray(v.shape, dtype=q.dtype, buffer=nl.shared_hbm)
     has_mask = mask != None  # noqa: E711 (NKI forbids `is`)
-    diagonal = causal_tile() if causal else None
+    identity = nl.shared_identity_matrix(PMAX, dtype=q.dtype)
+    diagonal = (identity, causal_tile(q.dtype)) if causal else None
     n_q, n_k = sq // PMAX, sk // PMAX
     for b in range(batch):
         mb = (b if mask.shape[0] > 1 else 0) if has_mask else 0
         for kvh in range(kv_heads):
-            k_t = _transposed(k[b, kvh], sk, d)
-            v_t = _transposed(v[b, kvh], sk, d)
+            k_t = load_keys_transposed(k[b, kvh], sk, d)
+            v_t = load_keys_transposed(v[b, kvh], sk, d)
             k_tiles = load_key_tiles(k[b, kvh], sk, d)
             dk_acc = _zeros(n_k, d)
             dv_acc = _zeros(n_k, d)
             for g in range(group):
                 h = kvh * group + g
                 m_view = mask[mb, h if mask.shape[1] > 1 else 0] if has_mask else None
-                q_t = _transposed(q[b, h], sq, d)
-                do_t = _transposed(dout[b, h], sq, d)
+                q_t = load_keys_transposed(q[b, h], sq, d)
+                do_t = load_keys_transposed(dout[b, h], sq, d)
                 q_tiles = load_key_tiles(q[b, h], sq, d)
                 do_tiles = load_key_tiles(dout[b, h], sq, d)
                 neg_lse, delta = _row_terms(out[b, h], do_tiles, lse[b, h].reshape((sq, 1)), n_q, d)
@@ -94,19 +96,11 @@ def attention_backward_kernel(q, k, v, out, dout, lse, mask=None, causal=False, 
     return dq, dk, dv
 
 
-def _transposed(src, s, d):
-    """src [S, D] (HBM) as an SBUF tile [D, S] (TensorE transposes, 128 rows at a time)."""
-    tile = nl.ndarray((PMAX, s), dtype=src.dtype, buffer=nl.sbuf)
-    for s0 in range(0, s, PMAX):
-        load_transposed(src, s0, PMAX, 0, d, [tile], s0)
-    return tile
-
-
 def _zeros(count, d):
     tiles = []
     for _ in range(count):
         tile = nl.ndarray((PMAX, d), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.memset(dst=tile, value=0.0)
+        nisa.memset(dst=tile, value=0.0, engine=nisa.engine.gpsimd)
         tiles.append(tile)
     return tiles
 
@@ -117,7 +111,7 @@ def _row_terms(out_bh, do_tiles, lse_col, n_q, d):
     for i in range(n_q):
         row = nl.ndarray((PMAX, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.dma_copy(dst=row, src=lse_col[i * PMAX : (i + 1) * PMAX, 0:1])
-        nisa.tensor_scalar(dst=row, data=row, op0=nl.multiply, operand0=-1.0)
+        nisa.tensor_scalar(dst=row, data=row, op0=nl.multiply, operand0=-1.0, engine=nisa.engine.gpsimd)
         neg_lse.append(row)
         o_tile = nl.ndarray((PMAX, d), dtype=out_bh.dtype, buffer=nl.sbuf)
         nisa.dma_copy(dst=o_tile, src=out_bh[i * PMAX : (i + 1) * PMAX, 0:d])
@@ -133,8 +127,8 @@ def _probs(q_t, k_t, q0, k0, d, on_diagonal, diagonal, m_view, scale, neg_lse, d
     """P block [128 queries, 128 keys] = exp(scale · q kᵀ + mask - lse), recomputed from the saved lse."""
     scores = nl.ndarray((PMAX, PMAX), dtype=nl.float32, buffer=nl.psum)
     nisa.nc_matmul(dst=scores, stationary=q_t[0:d, q0 : q0 + PMAX], moving=k_t[0:d, k0 : k0 + PMAX])
-    if on_diagonal:
-        nisa.tensor_tensor(dst=scores, data1=scores, data2=diagonal, op=nl.add)
+    if on_diagonal:  # the causal mask, added on TensorE: identityᵀ @ mask accumulated into the scores
+        nisa.nc_matmul(dst=scores, stationary=diagonal[0], moving=diagonal[1], accumulate=True)
     src, factor = scores, scale
     if m_view != None:  # noqa: E711
         block = nl.ndarray((PMAX, PMAX), dtype=nl.float32, buffer=nl.sbuf)
@@ -149,5 +143,5 @@ def _probs(q_t, k_t, q0, k0, d, on_diagonal, diagonal, m_view, scale, neg_lse, d
 
 def _store(dst, acc, scale, d):
     tile = nl.ndarray((PMAX, d), dtype=dst.dtype, buffer=nl.sbuf)
-    nisa.tensor_scalar(dst=tile, data=acc, op0=nl.multiply, operand0=scale)
+    nisa.activation(dst=tile, op=nl.copy, data=acc, scale=scale)
     nisa.dma_copy(dst=dst, src=tile)

@@ -12,7 +12,8 @@ Layout contract (`matmul_kernel`):
 Tiling: nc_matmul contracts over partitions (dst[m, n] = stationaryᵀ @ moving), so both operands need K on
 partitions. The kernel walks N in blocks of up to 2048 columns and K in chunks of up to 8 KiB per partition;
 the B block of a (N-block, K-chunk) is loaded once and stays resident in SBUF while every 128-row strip of A
-streams past it. Each A strip is loaded row-major with one wide DMA and turned K-major by TensorE transposes;
+streams past it. A strips (and B for transpose_b) arrive K-major through DMA transposes for 2-byte dtypes
+(TensorE keeps only the useful products), through a row-major DMA and TensorE transposes for fp32;
 the next strip is loaded before the current one is multiplied (double buffering, so DMA hides behind
 TensorE). Each 128 × 512 output tile accumulates over the K tiles in one PSUM bank (fp32); four banks hold
 a 128 × 2048 output strip. The epilogue (bias, activation, cast) runs on Vector/ScalarE on the way out of
@@ -26,7 +27,7 @@ import nki.language as nl
 
 from .activations import ACTIVATIONS
 from .contract import require, require_float, require_vector
-from .tiling import FMAX, PMAX, broadcast_rows, cdiv, itemsize, load_transposed
+from .tiling import FMAX, PMAX, broadcast_rows, cdiv, itemsize, load_transposed, transpose_rows
 
 N_BLOCK = 4 * FMAX  # output columns per resident B block: four PSUM banks of accumulators
 A_STRIP_BYTES = 8 * 1024  # per partition, for one A strip of a K chunk (there are four such buffers live)
@@ -77,7 +78,9 @@ def _matmul_2d(a, b, bias, c, act, transpose_a, transpose_b):
         scratch = nl.ndarray((m_size, n_size), dtype=nl.float32, buffer=nl.hbm)
     for n0 in range(0, n_size, N_BLOCK):
         nb = min(N_BLOCK, n_size - n0)
-        bias_rows = broadcast_rows(bias, n0, nb, nl.float32) if bias != None else None  # noqa: E711 (NKI forbids `is`)
+        bias_rows = None
+        if bias != None:  # noqa: E711 (NKI kernels may not use `is`)
+            bias_rows = broadcast_rows(bias, n0, nb, nl.float32)
         for ci in range(n_chunks):
             k0 = ci * k_chunk
             kc = min(k_chunk, k_size - k0)
@@ -89,8 +92,16 @@ def _matmul_2d(a, b, bias, c, act, transpose_a, transpose_b):
                 if m0 + PMAX < m_size:  # prefetch the next strip while this one is multiplied
                     a_next = _load_a_strip(a, m0 + PMAX, min(PMAX, m_size - m0 - PMAX), k0, kc, transpose_a)
                 acc = _multiply_strip(a_tiles, b_tiles, mt, kc, nb)
-                stage = "only" if n_chunks == 1 else ("first" if ci == 0 else ("last" if ci == n_chunks - 1 else "mid"))
-                _epilogue(acc, stage, scratch, bias_rows, act, c, m0, mt, n0, nb)
+                _epilogue(acc, _stage(ci, n_chunks), scratch, bias_rows, act, c, m0, mt, n0, nb)
+
+
+def _stage(ci, n_chunks):
+    """Where K chunk ci stands: "only" (no partial sums), "first", "mid" or "last"."""
+    if n_chunks == 1:
+        return "only"
+    if ci == 0:
+        return "first"
+    return "last" if ci == n_chunks - 1 else "mid"
 
 
 def _load_a_strip(a, m0, mt, k0, kc, transpose_a):
@@ -109,8 +120,9 @@ def _load_b_block(b, k0, kc, n0, nb, transpose_b):
     """B[k0:k0+kc, n0:n0+nb] as K-major tiles [≤128, nb], resident while the A strips stream past."""
     tiles = [nl.ndarray((PMAX, nb), dtype=b.dtype, buffer=nl.sbuf) for _ in range(cdiv(kc, PMAX))]
     if transpose_b:
-        for s0 in range(0, nb, PMAX):
-            load_transposed(b, n0 + s0, min(PMAX, nb - s0), k0, kc, tiles, s0)
+        step = transpose_rows(b.dtype)
+        for s0 in range(0, nb, step):
+            load_transposed(b, n0 + s0, min(step, nb - s0), k0, kc, tiles, s0)
     else:
         for j in range(len(tiles)):
             kt = min(PMAX, kc - j * PMAX)

@@ -7,11 +7,12 @@ Layout contract:
   weight  [D] or None (no scale); bias [D] or None (layernorm only)
   returns a tensor of x's shape and dtype; statistics are computed in fp32.
 
-Tiling: rows go on the 128 partitions, D along the free dim in chunks of up to 8192 columns. ScalarE makes
-the statistics in streaming passes with its free-dim add-reduction (Σx² for RMSNorm; Σx, then Σ(x-mean)²
-for LayerNorm, which stays exact when |mean| ≫ std), and VectorE applies them (per-row scale, then the
-weight/bias rows, broadcast once to all partitions by a K=1 matmul). A row block that fits one chunk is read
-from HBM once; longer rows are re-read per pass.
+Tiling: rows go on the 128 partitions, D along the free dim in chunks of up to 8192 columns. The statistics
+are streaming passes with a free-dim add-reduction: Σx² for RMSNorm on ScalarE; Σx (VectorE and ScalarE
+taking turns by row tile), then Σ(x-mean)² on ScalarE for LayerNorm, which stays exact when |mean| ≫ std.
+VectorE applies them in one or two passes (scalar_tensor_tensor fuses the per-row shift/scale with the
+weight or bias row; those rows are broadcast once to all partitions by a K=1 matmul). A row block that fits
+one chunk is read from HBM once; longer rows are re-read per pass.
 """
 
 import nki
@@ -58,27 +59,40 @@ def _norm(x, weight, bias, eps, centre):
             kept = nl.ndarray((PMAX, d), dtype=x.dtype, buffer=nl.sbuf)
             nisa.dma_copy(dst=kept[0:pr, 0:d], src=xr[r0 : r0 + pr, 0:d])
         neg_mean = None
-        if centre:
-            neg_mean = _row_sum(xr, r0, pr, chunks, kept, nl.copy, None)
-            nisa.tensor_scalar(dst=neg_mean[0:pr, 0:1], data=neg_mean[0:pr, 0:1], op0=nl.multiply, operand0=-1.0 / d)
-        rstd = _row_sum(xr, r0, pr, chunks, kept, nl.square, neg_mean)
+        if centre:  # Σx alternates between VectorE and ScalarE by row tile: neither outgrows the DMA time
+            on_vector = (r0 // PMAX) % 2 == 0
+            neg_mean = _row_sum(xr, r0, pr, chunks, kept, nl.copy, None, on_vector)
+            nisa.tensor_scalar(dst=neg_mean[0:pr, 0:1], data=neg_mean[0:pr, 0:1], op0=nl.multiply, operand0=-1.0 / d,
+                               engine=nisa.engine.gpsimd)
+        rstd = _row_sum(xr, r0, pr, chunks, kept, nl.square, neg_mean, False)
         nisa.tensor_scalar(dst=rstd[0:pr, 0:1], data=rstd[0:pr, 0:1], op0=nl.multiply, operand0=1.0 / d,
                            op1=nl.add, operand1=eps)
         nisa.activation(dst=rstd[0:pr, 0:1], op=nl.rsqrt, data=rstd[0:pr, 0:1])
         for i, (c0, cc) in enumerate(chunks):
             tile = kept if kept != None else _load(xr, r0, pr, c0, cc)  # noqa: E711
             y = nl.ndarray((PMAX, cc), dtype=x.dtype, buffer=nl.sbuf)
-            if centre:
-                nisa.tensor_scalar(dst=y[0:pr, 0:cc], data=tile[0:pr, 0:cc], op0=nl.add, operand0=neg_mean[0:pr, 0:1],
-                                   op1=nl.multiply, operand1=rstd[0:pr, 0:1])
-            else:
-                nisa.tensor_scalar(dst=y[0:pr, 0:cc], data=tile[0:pr, 0:cc], op0=nl.multiply, operand0=rstd[0:pr, 0:1])
-            if has_weight:
+            x_c, y_c = tile[0:pr, 0:cc], y[0:pr, 0:cc]
+            shift = neg_mean[0:pr, 0:1] if centre else 0.0
+            if has_weight and not centre:  # RMSNorm: y = (x * rstd) * w in one VectorE pass
                 w = _param_chunk(weight, w_rows, chunks, i, x.dtype)
-                nisa.tensor_tensor(dst=y[0:pr, 0:cc], data1=y[0:pr, 0:cc], data2=w[0:pr, 0:cc], op=nl.multiply)
-            if has_bias:
-                b = _param_chunk(bias, b_rows, chunks, i, x.dtype)
-                nisa.tensor_tensor(dst=y[0:pr, 0:cc], data1=y[0:pr, 0:cc], data2=b[0:pr, 0:cc], op=nl.add)
+                nisa.scalar_tensor_tensor(dst=y_c, data=x_c, op0=nl.multiply, operand0=rstd[0:pr, 0:1],
+                                          op1=nl.multiply, operand1=w[0:pr, 0:cc])
+            elif has_weight:  # LayerNorm: y = ((x - mean) * w) * rstd (+ b), two VectorE passes
+                w = _param_chunk(weight, w_rows, chunks, i, x.dtype)
+                nisa.scalar_tensor_tensor(dst=y_c, data=x_c, op0=nl.add, operand0=shift, op1=nl.multiply,
+                                          operand1=w[0:pr, 0:cc])
+                if has_bias:
+                    b = _param_chunk(bias, b_rows, chunks, i, x.dtype)
+                    nisa.scalar_tensor_tensor(dst=y_c, data=y_c, op0=nl.multiply, operand0=rstd[0:pr, 0:1],
+                                              op1=nl.add, operand1=b[0:pr, 0:cc])
+                else:
+                    nisa.tensor_scalar(dst=y_c, data=y_c, op0=nl.multiply, operand0=rstd[0:pr, 0:1])
+            else:
+                nisa.tensor_scalar(dst=y_c, data=x_c, op0=nl.add, operand0=shift, op1=nl.multiply,
+                                   operand1=rstd[0:pr, 0:1])
+                if has_bias:
+                    b = _param_chunk(bias, b_rows, chunks, i, x.dtype)
+                    nisa.tensor_tensor(dst=y_c, data1=y_c, data2=b[0:pr, 0:cc], op=nl.add)
             nisa.dma_copy(dst=outr[r0 : r0 + pr, c0 : c0 + cc], src=y[0:pr, 0:cc])
     return out
 
@@ -103,15 +117,20 @@ def _load(xr, r0, pr, c0, cc):
     return tile
 
 
-def _row_sum(xr, r0, pr, chunks, kept, op, bias):
-    """Σ op(x + bias) over each row as a [128, 1] fp32 tile, on ScalarE (activation with add-reduction)."""
+def _row_sum(xr, r0, pr, chunks, kept, op, bias, on_vector):
+    """Σ op(x + bias) over each row as a [128, 1] fp32 tile: on ScalarE (activation with add-reduction), or for
+    a plain Σx on VectorE (tensor_reduce) when `on_vector`."""
     total = nl.ndarray((PMAX, 1), dtype=nl.float32, buffer=nl.sbuf)
     for i, (c0, cc) in enumerate(chunks):
         tile = kept if kept != None else _load(xr, r0, pr, c0, cc)  # noqa: E711
         part = total if i == 0 else nl.ndarray((PMAX, 1), dtype=nl.float32, buffer=nl.sbuf)
-        scratch = nl.ndarray((PMAX, cc), dtype=xr.dtype, buffer=nl.sbuf)
-        nisa.activation_reduce(dst=scratch[0:pr, 0:cc], op=op, data=tile[0:pr, 0:cc], reduce_op=nl.add,
-                               reduce_res=part[0:pr, 0:1], bias=bias[0:pr, 0:1] if bias != None else None)  # noqa: E711
+        if on_vector:
+            nisa.tensor_reduce(dst=part[0:pr, 0:1], op=nl.add, data=tile[0:pr, 0:cc], axis=(1,))
+        else:
+            scratch = nl.ndarray((PMAX, cc), dtype=xr.dtype, buffer=nl.sbuf)
+            nisa.activation_reduce(dst=scratch[0:pr, 0:cc], op=op, data=tile[0:pr, 0:cc], reduce_op=nl.add,
+                                   reduce_res=part[0:pr, 0:1],
+                                   bias=bias[0:pr, 0:1] if bias != None else None)  # noqa: E711
         if i > 0:
             nisa.tensor_tensor(dst=total[0:pr, 0:1], data1=total[0:pr, 0:1], data2=part[0:pr, 0:1], op=nl.add)
     return total

@@ -2,8 +2,8 @@
 
 Layout contract (`softmax_kernel`, `log_softmax_kernel`):
   x     [..., D], any rank ≥ 2, any D (fp32, bf16 or fp16); rows = product of the leading dims
-  mask  optional additive mask of exactly x's shape (any float dtype; use a large negative value, not -inf,
-        for masked positions; a fully masked row gives a uniform softmax, as torch does with finite masks)
+  mask  optional additive mask of exactly x's shape (any float dtype; -inf or a large negative value for
+        masked positions; as in torch, a row masked entirely with -inf gives NaN, with finite values uniform)
   scale python float > 0 applied to x before the mask: softmax(scale * x + mask)
   returns a tensor of x's shape and dtype.
 
@@ -65,8 +65,8 @@ def load_logits(xr, maskr, scale, r0, pr, c0, cc):
     m_tile = nl.ndarray((PMAX, cc), dtype=maskr.dtype, buffer=nl.sbuf)
     nisa.dma_copy(dst=m_tile[0:pr, 0:cc], src=maskr[r0 : r0 + pr, c0 : c0 + cc])
     logits = nl.ndarray((PMAX, cc), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_scalar(dst=logits[0:pr, 0:cc], data=x_tile[0:pr, 0:cc], op0=nl.multiply, operand0=scale)
-    nisa.tensor_tensor(dst=logits[0:pr, 0:cc], data1=logits[0:pr, 0:cc], data2=m_tile[0:pr, 0:cc], op=nl.add)
+    nisa.scalar_tensor_tensor(dst=logits[0:pr, 0:cc], data=x_tile[0:pr, 0:cc], op0=nl.multiply, operand0=scale,
+                              op1=nl.add, operand1=m_tile[0:pr, 0:cc])
     return logits, 1.0
 
 
@@ -112,7 +112,7 @@ def row_stats(xr, maskr, scale, r0, pr, chunks):
 
 def _write_rows(xr, maskr, scale, outr, r0, pr, chunks, neg_max, total, kept, log):
     """Second pass: normalise each chunk with the row statistics and store it."""
-    if log:  # log_softmax = logit - max - log(sum): one ScalarE pass with a per-row bias
+    if log:  # log_softmax = logit - max - log(sum): one VectorE pass with a per-row shift
         shift = nl.ndarray((PMAX, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.activation(dst=shift[0:pr, 0:1], op=nl.log, data=total[0:pr, 0:1])
         nisa.tensor_tensor(dst=shift[0:pr, 0:1], data1=neg_max[0:pr, 0:1], data2=shift[0:pr, 0:1], op=nl.subtract)
@@ -126,9 +126,9 @@ def _write_rows(xr, maskr, scale, outr, r0, pr, chunks, neg_max, total, kept, lo
             tile, factor = load_logits(xr, maskr, scale, r0, pr, c0, cc)
             exps = None
         out_tile = nl.ndarray((PMAX, cc), dtype=outr.dtype, buffer=nl.sbuf)
-        if log:
-            nisa.activation(dst=out_tile[0:pr, 0:cc], op=nl.copy, data=tile[0:pr, 0:cc], scale=factor,
-                            bias=shift[0:pr, 0:1])
+        if log:  # factor * x + shift on VectorE (ScalarE already made its exp pass)
+            nisa.tensor_scalar(dst=out_tile[0:pr, 0:cc], data=tile[0:pr, 0:cc], op0=nl.multiply, operand0=factor,
+                               op1=nl.add, operand1=shift[0:pr, 0:1])
         else:
             if exps == None:  # noqa: E711
                 exps = nl.ndarray((PMAX, cc), dtype=outr.dtype, buffer=nl.sbuf)

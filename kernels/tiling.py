@@ -22,8 +22,15 @@ def itemsize(dtype):
     return 4 if dtype == nl.float32 else 2
 
 
+def transpose_rows(dtype):
+    """Most rows `load_transposed` takes at once: 512 through the DMA transpose (2-byte dtypes: 1 KiB
+    rows land on each partition, longer DMA descriptors), 128 through TensorE (fp32)."""
+    return FMAX if itemsize(dtype) == 2 else PMAX
+
+
 def load_transposed(src, r0, rows, c0, cols, dst_tiles, dst_col):
-    """Write src[r0:r0+rows, c0:c0+cols]ᵀ (src in HBM, rows ≤ 128) into SBUF tiles, 128 columns at a time.
+    """Write src[r0:r0+rows, c0:c0+cols]ᵀ (src in HBM, rows ≤ transpose_rows(dtype)) into SBUF tiles, 128
+    columns at a time.
 
     TensorE contracts over the partition dim, so an operand stored row-major with the contraction dim last
     has to be transposed on its way in: `dst_tiles[j][0:ct, dst_col:dst_col+rows]` (ct ≤ 128) receives the

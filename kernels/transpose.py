@@ -3,9 +3,9 @@
 Layout contract (`transpose_kernel`): x is 2-D or 3-D, any R and C, any dtype TensorE can transpose
 (fp32, bf16, fp16); returns the transposed tensor in x's dtype, bit-exact.
 
-Tiling: the matrix is walked in 512 × 512 squares. Four row tiles [128, 512] of a square are loaded with
+Tiling: the matrix is walked in 1024 × 1024 squares. Eight row tiles [128, 1024] of a square are loaded with
 one DMA each; TensorE transposes their 128 × 128 blocks (nc_transpose, an identity matmul that is exact on
-trn2) so that four blocks land side by side in one PSUM bank, giving an output tile [128, 512] that one copy
+trn2) so that eight blocks land side by side in PSUM, giving an output tile [128, 1024] that one copy
 moves to SBUF and one DMA stores. Partition dim in: input rows; out: input columns.
 """
 
@@ -16,7 +16,7 @@ import nki.language as nl
 from .contract import require, require_float
 from .tiling import FMAX, PMAX
 
-SQUARE = FMAX  # rows and columns of the square walked per step
+SQUARE = 2 * FMAX  # rows and columns of the square walked per step (2 KiB DMA rows in bf16)
 
 
 @nki.jit

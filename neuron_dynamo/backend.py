@@ -19,6 +19,7 @@ import torch.fx as fx
 from torch._dynamo.backends.common import aot_autograd
 
 from neuron_dynamo import counters
+from neuron_dynamo.bucket_dispatch import bucket_config
 from neuron_dynamo.compiler import compile_graph, next_graph_name
 from neuron_dynamo.errors import NeuronDynamoError
 from neuron_dynamo.options import OptionError, resolve_options
@@ -46,6 +47,7 @@ def neuron_backend(
     configure_logging()
     resolved = resolve_options(options, mode)
     resolve_target(resolved.target)
+    bucket_config(resolved)  # a malformed bucket policy fails here, before anything is traced
     counters.bump("dynamo_graphs")
     name = next_graph_name()
     log.debug("%s: Dynamo graph with %d inputs, options %s", name, len(example_inputs), resolved)

@@ -13,8 +13,8 @@ logged and counted.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 
 import sympy
@@ -23,8 +23,9 @@ import torch.fx as fx
 
 from neuron_dynamo import counters
 from neuron_dynamo.passes.bucketing import BucketConfig, BucketingError, BucketPlan, plan_buckets
-from neuron_dynamo.passes.padding import PaddingProof, prove_padding
-from neuron_dynamo.passes.specialize import SpecializationError, StaticGraph, evaluate, specialize
+from neuron_dynamo.passes.canonical import canonical_graph_text
+from neuron_dynamo.passes.padding import PaddingProof, graph_outputs, prove_padding
+from neuron_dynamo.passes.specialize import SpecializationError, StaticGraph, evaluate, generalize, specialize
 
 log = logging.getLogger("neuron_dynamo.bucket_dispatch")
 
@@ -42,7 +43,7 @@ class BucketStats:
     """What one bucketed graph did: programs built, calls per bucket, padding waste and refusals."""
 
     programs: dict[str, int] = dataclasses.field(default_factory=dict)  # program key -> compile count
-    calls: Counter = dataclasses.field(default_factory=Counter)  # program key -> calls
+    calls: dict[str, int] = dataclasses.field(default_factory=dict)  # program key -> calls
     padded_elements: int = 0
     real_elements: int = 0
     refusals: list[str] = dataclasses.field(default_factory=list)
@@ -111,6 +112,40 @@ def bucketed_graph(gm: fx.GraphModule, config: BucketConfig, compile_static: Com
     return BucketedGraph(gm, config, compile_static, name)
 
 
+# Bucketed graphs generalised from static graphs, by structure: a recompile for a new length finds its programs here.
+_GENERALIZED: dict[str, BucketedGraph | None] = {}
+
+
+def forget_generalized_graphs() -> None:
+    """Drop the bucketed graphs shared by static graphs (their programs go with them); for tests and long runs."""
+    _GENERALIZED.clear()
+
+
+def generalized_bucketed_graph(gm: fx.GraphModule, config: BucketConfig, compile_static: CompileStatic, name: str,
+                               key: str) -> BucketedGraph | None:
+    """Serve a static graph (`dynamic=False`) from the bucket programs of its generalisation, or None.
+
+    The static graph is retraced with its length dims symbolic (`passes/specialize.generalize`); when the padding
+    proof accepts that graph, every static graph of the same structure (Dynamo recompiles one per new length)
+    shares one `BucketedGraph`, hence one program per bucket. `key` identifies the compile settings.
+    """
+    symbolic = generalize(gm)
+    if symbolic is None:
+        counters.bump("bucketing.static_graphs_exact")
+        log.info("%s: static graph keeps its exact shapes (no length dim, or the graph fixes its sizes)", name)
+        return None
+    shapes = [str(n.meta["val"].shape) for n in symbolic.graph.nodes if n.op == "placeholder"]
+    structure = hashlib.sha256("\n".join([key, *shapes, canonical_graph_text(symbolic)]).encode()).hexdigest()
+    if structure in _GENERALIZED:
+        counters.bump("bucketing.static_graphs_reused")
+    else:
+        bucketed = bucketed_graph(symbolic, config, compile_static, name)
+        _GENERALIZED[structure] = bucketed if bucketed is not None and bucketed.proof.safe else None
+    shared = _GENERALIZED[structure]
+    counters.bump("bucketing.static_graphs_bucketed" if shared is not None else "bucketing.static_graphs_exact")
+    return shared
+
+
 class BucketedGraph:
     """A callable serving every size of a symbolic aten graph from per-bucket static programs.
 
@@ -140,10 +175,7 @@ class BucketedGraph:
         else:
             self._refuse(self.proof.reason)
         output = next(n for n in gm.graph.nodes if n.op == "output")
-        self._outputs = [
-            leaf.meta.get("val") if isinstance(leaf, fx.Node) else leaf
-            for leaf in torch.utils._pytree.tree_leaves(output.args[0])
-        ]
+        self._outputs = [leaf.meta.get("val") if isinstance(leaf, fx.Node) else leaf for leaf in graph_outputs(output)]
         self._programs: dict[tuple, _Program] = {}
         self._failed: set[tuple] = set()
         self._boxed_call = True
@@ -169,7 +201,7 @@ class BucketedGraph:
 
     def run(self, *args):
         real = self.plan.bind(args)
-        bucket = self.plan.choose(real)
+        bucket = self.plan.choose(real) if self.proof.safe else real  # raises beyond max_bucket (unless exact)
         beyond = any(p.limit is not None and real[s] > p.limit for s, p in self.plan.policies.items())
         padded = self.proof.safe and not beyond and tuple(bucket.items()) not in self._failed
         if padded:
@@ -182,7 +214,7 @@ class BucketedGraph:
         sizes = bucket if padded else real
         if not padded:
             program, key = self._program(real, padded=False)
-        self.stats.calls[key] += 1
+        self.stats.calls[key] = self.stats.calls.get(key, 0) + 1
         counters.bump("calls")
         counters.bump("bucketing.calls")
         counters.bump(f"bucketing.{self.name}.calls.{key}")

@@ -78,7 +78,7 @@ def make_key(parts: Mapping[str, object]) -> str:
 @dataclass(frozen=True)
 class CacheEntry:
     key: str
-    payload: bytes
+    payload: bytes | None  # None: compiled, but not storable (a bypass)
     meta: dict
     created: float
 
@@ -190,17 +190,25 @@ class CompileCache:
 
     # ---------------------------------------------------------------------------------------- compile once
     def get_or_compile(
-        self, key: str, compile_fn: Callable[[], tuple[bytes, Mapping]], retry_failed: bool = False
+        self,
+        key: str,
+        compile_fn: Callable[[], tuple[bytes | None, Mapping]],
+        retry_failed: bool = False,
+        *,
+        accept: Callable[[CacheEntry], bool] | None = None,
+        record_failures: bool = True,
     ) -> CacheEntry:
         """The entry for `key`, compiling it with `compile_fn() -> (payload, meta)` on a miss.
 
         Under the key's lock, so that concurrent processes compile a key once. The entry's meta gains
-        `compile_seconds`, which later hits add to `stats.seconds_saved`.
+        `compile_seconds`, which later hits add to `stats.seconds_saved`. A `compile_fn` whose result cannot be
+        stored returns `(None, meta)`: the result is counted as a bypass and the returned entry's payload is None.
+        An entry that `accept` refuses (e.g. a partial result whose retry time has come) is compiled again and
+        replaced. An exception of `compile_fn` is cached as a failure (for `failure_ttl`) if `record_failures`.
         """
         if self.mode == "off":
-            self.stats.bypasses += 1
-            return self._compile(key, compile_fn, store=False)
-        hit = self._hit(key)
+            return self._compile(key, compile_fn, store=False, record=False)
+        hit = self._hit(key, accept)
         if hit is not None:
             return hit
         reason = None if retry_failed else self.failure(key)
@@ -210,33 +218,44 @@ class CompileCache:
                 "Fix the cause, or pass retry_failed=True (option `retry_failed`) to compile again now."
             )
         if self.mode == "readonly":
-            self.stats.misses += 1
-            return self._compile(key, compile_fn, store=False)
+            return self._compile(key, compile_fn, store=False, record=False)
         with self._lock(key):
-            hit = self._hit(key)  # another process may have compiled it while we waited
+            hit = self._hit(key, accept)  # another process may have compiled it while we waited
             if hit is not None:
                 return hit
-            self.stats.misses += 1
-            return self._compile(key, compile_fn, store=True)
+            return self._compile(key, compile_fn, store=True, record=record_failures)
 
-    def _hit(self, key: str) -> CacheEntry | None:
+    def discard(self, key: str, reason: str) -> None:
+        """Quarantine an entry that reads back whole but cannot be used (counted as corrupt, compiled again)."""
+        log.warning("cache entry %s… is unusable (%s)", key[:16], reason)
+        self._quarantine(self._entry_path(key), key)
+
+    def _hit(self, key: str, accept: Callable[[CacheEntry], bool] | None = None) -> CacheEntry | None:
         entry = self.get(key)
+        if entry is not None and accept is not None and not accept(entry):
+            return None
         if entry is not None:
             self.stats.hits += 1
             self.stats.seconds_saved += float(entry.meta.get("compile_seconds", 0.0))
         return entry
 
-    def _compile(self, key: str, compile_fn: Callable[[], tuple[bytes, Mapping]], store: bool) -> CacheEntry:
+    def _compile(
+        self, key: str, compile_fn: Callable[[], tuple[bytes | None, Mapping]], store: bool, record: bool
+    ) -> CacheEntry:
         start = time.perf_counter()
         try:
             payload, meta = compile_fn()
         except Exception as exc:
-            if store:
+            if record:
                 self.record_failure(key, f"{type(exc).__name__}: {exc}")
             raise
         meta = {**meta, "compile_seconds": time.perf_counter() - start}
-        if store:
-            self.put(key, payload, meta)
+        if payload is None or self.mode == "off":
+            self.stats.bypasses += 1
+        else:
+            self.stats.misses += 1
+            if store:
+                self.put(key, payload, meta)
         return CacheEntry(key=key, payload=payload, meta=meta, created=time.time())
 
     @contextlib.contextmanager

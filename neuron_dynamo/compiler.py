@@ -22,7 +22,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
 from neuron_dynamo import counters
-from neuron_dynamo.bucket_dispatch import bucket_config, bucketed_graph
+from neuron_dynamo.bucket_dispatch import bucket_config, bucketed_graph, generalized_bucketed_graph
 from neuron_dynamo.errors import NeuronDynamoError
 from neuron_dynamo.lowering import lower_region, op_name
 from neuron_dynamo.options import Options
@@ -35,6 +35,7 @@ from neuron_dynamo.passes.partition import (
     is_compute_op,
     partition,
 )
+from neuron_dynamo.program_cache import REPORT_FIELDS, BuiltProgram, cached_program
 from neuron_dynamo.runtime import CompiledGraph, StaticProgram
 from neuron_dynamo.toolchain import Target, resolve_target
 
@@ -64,6 +65,9 @@ class GraphReport:
     compile_seconds: float
     bucket: str = ""  # bucketing: the bucket this program serves, e.g. "bucket[s0=128]" ("" when not bucketed)
     bucket_stats: Any = None  # bucketing: the live BucketStats of the graph (calls per bucket, waste, refusals)
+    cache: str = ""  # compile cache: hit, miss, bypass (not storable) or off
+    cache_seconds_saved: float = 0.0  # compile cache: on a hit, the stored compile time minus the load time
+    estimated_device_ns: float | None = None  # lowering: the cost model's device time of the last run (simulator)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -126,19 +130,49 @@ def compile_static(
     name: str = "graph",
     kind: str = "inference",
 ) -> StaticProgram:
-    """Compile ONE static specialisation: partition `gm`, lower and compile each region, build the report."""
+    """Compile ONE static specialisation, or load it from the persistent compile cache (program_cache.py)."""
     start = time.perf_counter()
+    build = lambda: _build_static(gm, example_inputs, options, target, name)  # noqa: E731 - runs on a miss only
+    built, outcome = cached_program(gm, example_inputs, options, target, build, _as_module)
+    report = GraphReport(
+        name=name, kind=kind, **{field: built.report[field] for field in REPORT_FIELDS},
+        compile_seconds=time.perf_counter() - start, cache=outcome.status, cache_seconds_saved=outcome.seconds_saved,
+    )
+    _count(report)
+    _watch_device_time(built.module, report)
+    return StaticProgram(built.module, report)
+
+
+def _watch_device_time(module: fx.GraphModule, report: GraphReport) -> None:
+    """Regions that estimate their device time (the simulator's) refresh the report's figure after each run."""
+    regions = [child for child in module.children() if hasattr(child, "last_device_ns")]
+    if not regions:
+        return
+
+    def refresh(ran: Any) -> None:
+        report.estimated_device_ns = sum(region.last_device_ns for region in regions)
+        counters.bump(f"estimated_device_ns.{report.name}.{report.kind}", ran.last_device_ns)
+
+    for region in regions:
+        region.on_run = refresh
+
+
+def _build_static(
+    gm: fx.GraphModule, example_inputs: Sequence[Any], options: Options, target: Target, name: str
+) -> BuiltProgram:
+    """Partition `gm`, lower and compile each region, and work out the report's coverage figures."""
     _ensure_metadata(gm, example_inputs)
     parted = partition(gm, target, eager_ops=options.eager_ops, min_region_size=options.min_region_size)
     _check_strict(parted.fallbacks, options, name)
 
     fallbacks = list(parted.fallbacks)
     lowered_nodes: set[str] = set()
-    compiled_regions = 0
+    compiled_regions: dict[str, tuple[Any, fx.GraphModule]] = {}
     for region_name, node_names in parted.regions.items():
         region = getattr(parted.module, region_name)
         try:
-            compiled = target.compile_region(lower_region(region, target.name), _region_inputs(region))
+            lowered = lower_region(region, target.name)
+            compiled = target.compile_region(lowered, _region_inputs(region))
         except Exception as exc:  # a lowering failure is a fallback with its reason, unless fallback="error"
             if options.fallback == "error":
                 raise FallbackError(f"{name}: lowering {region_name} for {target.name!r} failed: {exc}") from exc
@@ -147,18 +181,19 @@ def compile_static(
             reason = f"{LOWERING_FAILED} ({type(exc).__name__}: {exc})"
             fallbacks.extend(_region_fallbacks(gm, node_names, reason))
             continue
-        if not isinstance(compiled, torch.nn.Module):
-            compiled = _CallableModule(compiled)
-        parted.module.add_submodule(region_name, compiled)
+        parted.module.add_submodule(region_name, _as_module(compiled))
         lowered_nodes.update(node_names)
-        compiled_regions += 1
+        compiled_regions[region_name] = (compiled, lowered)
     parted.module.recompile()
 
-    report = _report(gm, example_inputs, target, fallbacks, lowered_nodes, name, kind)
-    report.regions = compiled_regions
-    report.compile_seconds = time.perf_counter() - start
-    _count(report)
-    return StaticProgram(parted.module, report)
+    report = _report(gm, example_inputs, target, fallbacks, lowered_nodes, name, "")
+    report.regions = len(compiled_regions)
+    return BuiltProgram(parted.module, compiled_regions, report.to_dict())
+
+
+def _as_module(compiled: Any) -> torch.nn.Module:
+    """A compiled region as a submodule of the program graph."""
+    return compiled if isinstance(compiled, torch.nn.Module) else _CallableModule(compiled)
 
 
 class _CallableModule(torch.nn.Module):
@@ -231,13 +266,15 @@ def compile_graph(
     name = name or next_graph_name()
     static = is_static(gm, example_inputs)
     counters.bump(f"graphs_compiled.{kind}")
-    if not static and options.bucketing:
-        bucketed = bucketed_graph(
-            gm,
-            bucket_config(options),
-            lambda static_gm, inputs: compile_static(static_gm, inputs, options, target, name=name, kind=kind),
-            name=f"{name}.{kind}",
-        )
+    if options.bucketing:
+        def compile_bucket(static_gm: fx.GraphModule, inputs: Sequence[Any]) -> StaticProgram:
+            return compile_static(static_gm, inputs, options, target, name=name, kind=kind)
+
+        if static:
+            key = f"{kind} {options}"
+            bucketed = generalized_bucketed_graph(gm, bucket_config(options), compile_bucket, f"{name}.{kind}", key)
+        else:
+            bucketed = bucketed_graph(gm, bucket_config(options), compile_bucket, name=f"{name}.{kind}")
         if bucketed is not None:
             return bucketed
 

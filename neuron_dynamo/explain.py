@@ -42,19 +42,23 @@ class ExplainReport:
         totals = {key: sum(getattr(graph, key) for graph in self.graphs) for key in keys}
         totals["graphs"] = len(self.graphs)
         totals["fallback_ops"] = sum(entry["count"] for graph in self.graphs for entry in graph.fallback_ops)
+        totals["cache"] = _cache_totals(self.graphs)
+        estimates = [graph.estimated_device_ns for graph in self.graphs if graph.estimated_device_ns is not None]
+        totals["estimated_device_ns"] = sum(estimates) if estimates else None
         return totals
 
     def to_dict(self) -> dict[str, Any]:
         return {"graphs": [graph.to_dict() for graph in self.graphs], "totals": self.totals()}
 
     def __str__(self) -> str:
-        header = ("graph", "kind", "target", "ops", "lowered", "FLOPs", "lowered", "regions", "compile s")
+        header = ("graph", "kind", "target", "ops", "lowered", "FLOPs", "lowered", "regions", "compile s",
+                  "est. device us")
         rows = [
             (
                 graph.name, graph.kind, graph.target, str(graph.ops_total),
                 f"{graph.ops_lowered} ({_share(graph.ops_lowered, graph.ops_total)})", _si(graph.flops_total),
                 f"{_si(graph.flops_lowered)} ({_share(graph.flops_lowered, graph.flops_total)})",
-                str(graph.regions), f"{graph.compile_seconds:.3f}",
+                str(graph.regions), f"{graph.compile_seconds:.3f}", _device_us(graph),
             )
             for graph in self.graphs
         ]
@@ -74,7 +78,50 @@ class ExplainReport:
             lines += _table(("graph", "op", "count", "reason"), fallbacks)
         else:
             lines += ["", "no fallback ops: every op ran on the target"]
+        lines += _bucketing_lines(self.graphs)
+        lines += _cache_lines(self.graphs)
         return "\n".join(lines)
+
+
+def _device_us(graph: GraphReport) -> str:
+    """The cost model's estimated device time of the graph's last run, in µs ("-" when the target has none)."""
+    ns = getattr(graph, "estimated_device_ns", None)
+    return "-" if ns is None else f"{ns / 1e3:.1f}"
+
+
+def _cache_totals(graphs: list[GraphReport]) -> dict[str, Any]:
+    """How the programs were obtained from the persistent compile cache (program_cache.py)."""
+    statuses = [getattr(graph, "cache", "") for graph in graphs]
+    return {
+        "hits": statuses.count("hit"), "misses": statuses.count("miss"),
+        "bypasses": statuses.count("bypass") + statuses.count("off"),
+        "seconds_saved": sum(getattr(graph, "cache_seconds_saved", 0.0) for graph in graphs),
+    }
+
+
+def _cache_lines(graphs: list[GraphReport]) -> list[str]:
+    """One summary line, and the cache status of each program."""
+    totals = _cache_totals(graphs)
+    per_graph = ", ".join(f"{graph.name}.{graph.kind}: {graph.cache}" for graph in graphs if graph.cache)
+    return ["", f"compile cache: {totals['hits']} hit(s), {totals['misses']} miss(es), {totals['bypasses']} "
+            f"bypass(es), {totals['seconds_saved']:.3f} s saved" + (f" ({per_graph})" if per_graph else "")]
+
+
+def _bucketing_lines(graphs: list[GraphReport]) -> list[str]:
+    """One row per bucketed graph: programs, calls per bucket, padding waste, and why padding was refused."""
+    seen, rows = set(), []
+    for graph in graphs:
+        stats = getattr(graph, "bucket_stats", None)
+        if stats is None or id(stats) in seen:
+            continue
+        seen.add(id(stats))
+        calls = ", ".join(f"{key}: {count}" for key, count in stats.calls.items())
+        rows.append((f"{graph.name}.{graph.kind}", str(len(stats.programs)), calls or "-",
+                     f"{100 * stats.padding_waste:.1f}%", "; ".join(stats.refusals) or "-"))
+    if not rows:
+        return []
+    return ["", "bucketing (dynamic sizes served from static programs):",
+            *_table(("graph", "programs", "calls per program", "padding waste", "refused because"), rows)]
 
 
 def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:

@@ -85,6 +85,26 @@ class Options:
         "error", "Sizes above max_bucket: `error` raises naming the fix, `exact` compiles them at their exact size.",
         choices=("error", "exact"),
     )
+    cache: str = _option(
+        "on",
+        "The persistent compile cache: `on` reads and writes, `readonly` only reads (a shared cache), `off` "
+        "compiles everything and touches no disk.",
+        choices=("on", "off", "readonly"),
+    )
+    cache_dir: str = _option(
+        "",
+        "The compile cache directory (empty: `~/.cache/neuron_dynamo`). Created 0700; a world-writable one is "
+        "refused, since entries hold code.",
+    )
+    cache_tag: str = _option("", "A salt mixed into every cache key, to keep separate entries for the same graphs.")
+    cache_max_mb: int = _option(
+        0, "Size cap of the compile cache in MiB (0: unbounded); least recently used entries go first.", minimum=0
+    )
+    cache_failure_ttl: int = _option(
+        3600, "Seconds a failed compile stays cached, so other processes do not retry it at once (0: never).",
+        minimum=0,
+    )
+    retry_failed: bool = _option(False, "Compile again a program whose failure is still cached.")
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):

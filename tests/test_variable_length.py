@@ -16,6 +16,7 @@ import torch
 from torch.fx.experimental import _config as fx_config
 
 import neuron_dynamo
+from neuron_dynamo.bucket_dispatch import forget_generalized_graphs
 from neuron_dynamo.passes.bucketing import BucketingError
 
 transformers = pytest.importorskip("transformers")
@@ -58,6 +59,7 @@ def _tiny_bert():
 def _fresh_dynamo():
     torch._dynamo.reset()
     neuron_dynamo.reset_stats()
+    forget_generalized_graphs()
     yield
     torch._dynamo.reset()
 
@@ -210,3 +212,54 @@ def test_size_beyond_max_bucket_errors_or_runs_exact():
         x = torch.randn(length)
         torch.testing.assert_close(lenient(x), x * 2)
     assert _program_calls() == {"bucket[s=64]": 2, "exact[s=65]": 1, "exact[s=100]": 1}
+
+
+class ClassifyTokens(torch.nn.Module):
+    """Shape-agnostic code: with dynamic=False its static graphs generalise to one symbolic graph."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(20, 8)
+
+    def forward(self, ids, mask):
+        scores = torch.softmax(self.embed(ids).sum(-1), dim=1)
+        return (scores * mask).sum(1)
+
+
+def test_static_graphs_of_new_lengths_reuse_the_bucket_programs():
+    model = ClassifyTokens()
+    compiled = torch.compile(model, backend="neuron", dynamic=False, options=OPTIONS)
+    with torch.no_grad():
+        for length in (7, 20, 100, 130):
+            ids = torch.randint(0, 20, (2, length))
+            mask = (torch.rand(2, length) > 0.5).long()
+            torch.testing.assert_close(compiled(ids, mask), model(ids, mask))
+    stats = neuron_dynamo.stats()
+    assert stats["dynamo_graphs"] == 4  # dynamic=False: Dynamo recompiles per length ...
+    assert stats["bucketing.programs"] == 2  # ... but the programs are shared: buckets 128 and 256
+    assert stats["bucketing.static_graphs_reused"] == 3
+
+
+def test_static_graph_that_bakes_its_length_runs_exact():
+    torch.manual_seed(0)
+    model = _tiny_llama().eval()
+    compiled = torch.compile(model, backend="neuron", dynamic=False, options=OPTIONS)
+    with torch.no_grad():
+        ids = torch.randint(0, 128, (1, 9))
+        got = compiled(input_ids=ids, use_cache=False).logits
+        torch.testing.assert_close(got, model(input_ids=ids, use_cache=False).logits, atol=1e-5, rtol=1e-5)
+    stats = neuron_dynamo.stats()
+    assert stats["bucketing.static_graphs_exact"] == 1 and "bucketing.programs" not in stats
+
+
+def test_explain_reports_buckets_waste_and_refusals():
+    x = torch.randn(2, 37)
+    torch._dynamo.mark_dynamic(x, 1)
+    report = neuron_dynamo.explain(lambda t: torch.softmax(t, 1).sum(1), x, options=OPTIONS)
+    (graph,) = report.graphs
+    assert graph.bucket.startswith("bucket[") and graph.bucket.endswith("=128]")
+    assert graph.bucket_stats.padding_waste == pytest.approx(1 - 37 / 128)
+    text = str(report)
+    assert "bucketing" in text and "71.1%" in text
+    refused = neuron_dynamo.explain(lambda t: torch.sort(t, 1).values, x, options=OPTIONS)
+    assert "sorting/selecting along a padded dim" in str(refused)

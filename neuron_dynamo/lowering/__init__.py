@@ -42,7 +42,15 @@ class LoweringError(NeuronDynamoError):
 
 
 def lower_region(region: fx.GraphModule, target: str) -> fx.GraphModule:
-    """A copy of `region` whose aten ops call the `target` kernels (node metadata kept for later passes)."""
+    """A copy of `region` whose aten ops call the `target` kernels (node metadata kept for later passes).
+
+    The NKI targets fuse element-wise chains into generated kernels (`fusion.lower_region_nki`); the reference
+    target maps each op to its torch kernel one to one.
+    """
+    if target != "reference":
+        from neuron_dynamo.lowering.fusion import lower_region_nki
+
+        return lower_region_nki(region, target)
     graph = fx.Graph()
     graph.output(graph.graph_copy(region.graph, val_map={}))
     lowered = fx.GraphModule(region, graph, class_name=f"{target.capitalize()}Region")

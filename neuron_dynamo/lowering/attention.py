@@ -1,10 +1,22 @@
-"""Scaled dot-product attention, forward and backward: the flash-attention library kernels."""
+"""Scaled dot-product attention, forward and backward: the flash-attention library kernels.
+
+The library kernels tile queries and keys by 128 (`kernels.attention`), so on the NKI targets a sequence that is
+not a multiple of 128 is padded on the way in: padded keys are masked out with a large negative additive mask,
+padded query rows are zero and are sliced off (in the backward they carry a zero gradient, so they add nothing
+to dk and dv). torch's `is_causal` is top-left aligned and the kernel's bottom-right aligned: the two agree when
+Sq == Sk, the only causal form accepted.
+"""
 
 import torch
+import torch.fx as fx
+import torch.nn.functional as F
 
 from neuron_dynamo.lowering.registry import lowers
+from neuron_dynamo.toolchain.simulator import launch
 
 aten = torch.ops.aten
+TILE = 128
+MASKED = -30000.0  # exp() of this underflows to 0 in every float dtype, yet it is finite (the kernel's contract)
 
 
 @lowers(
@@ -16,3 +28,88 @@ aten = torch.ops.aten
 def attention(op, *args, **kwargs):
     """Reference kernel: torch attends; the NKI kernel streams key/value blocks with an online softmax."""
     return op(*args, **kwargs)
+
+
+def _refusal(node: fx.Node) -> str | None:
+    backward = "backward" in str(node.target)
+    q, k, v = (a.meta["val"] for a in (node.args[1:4] if backward else node.args[0:3]))
+    args = dict(zip(("dropout_p", "is_causal"), node.args[6:8] if backward else node.args[3:5], strict=False))
+    args.update(node.kwargs)
+    if args.get("dropout_p", 0.0):
+        return "attention with dropout"
+    if q.dim() != 4 or q.shape[-1] > TILE:
+        return "attention that is not [B, H, S, D] with D ≤ 128"
+    if len({q.dtype, k.dtype, v.dtype}) != 1 or q.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        return "attention operands of different or non-float dtypes"
+    if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
+        return "attention whose kv heads do not divide the query heads"
+    if args.get("is_causal") and q.shape[2] != k.shape[2]:
+        return "causal attention with Sq != Sk (torch aligns top-left, the kernel bottom-right)"
+    mask = args.get("attn_mask")
+    if isinstance(mask, fx.Node) and mask.meta["val"].dim() not in (2, 3, 4):
+        return "an attention mask that is not 2-D to 4-D"
+    return None
+
+
+def _padded(size: int) -> int:
+    return -(-size // TILE) * TILE
+
+
+def _pad_seq(x: torch.Tensor, to: int) -> torch.Tensor:
+    return x if x.shape[-2] == to else F.pad(x, (0, 0, 0, to - x.shape[-2]))
+
+
+def _mask(mask, q, sq, sk, sqp, skp):
+    """The additive mask the kernel reads: the user's mask (bool or float) plus the padded keys masked out."""
+    if mask is None and skp == sk:
+        return None
+    full = torch.zeros((1, 1, sqp, skp), dtype=q.dtype)
+    if mask is not None:
+        if mask.dtype == torch.bool:
+            mask = torch.zeros(mask.shape, dtype=q.dtype).masked_fill(~mask, MASKED)
+        mask = mask.to(q.dtype).clamp_min(MASKED)
+        while mask.dim() < 4:
+            mask = mask.unsqueeze(0)
+        full = full.expand(mask.shape[0], mask.shape[1], sqp, skp).clone()
+        full[:, :, :sq, :sk] = mask.expand(mask.shape[0], mask.shape[1], sq, sk)
+    full[..., sk:] = MASKED
+    return full.contiguous()
+
+
+def _forward(q, k, v, is_causal, mask, scale):
+    from neuron_dynamo.kernels.attention import attention_kernel
+
+    sq, sk = q.shape[2], k.shape[2]
+    sqp, skp = _padded(sq), _padded(sk)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    out, lse = launch(attention_kernel, _pad_seq(q, sqp).contiguous(), _pad_seq(k, skp).contiguous(),
+                      _pad_seq(v, skp).contiguous(), _mask(mask, q, sq, sk, sqp, skp), bool(is_causal), float(scale))
+    return out[:, :, :sq], lse[:, :, :sq]
+
+
+@lowers(aten._scaled_dot_product_flash_attention_for_cpu, family="attention", target="simulator", accepts=_refusal)
+def flash_attention(op, query, key, value, dropout_p=0.0, is_causal=False, attn_mask=None, scale=None):
+    return _forward(query, key, value, is_causal, attn_mask, scale)
+
+
+@lowers(aten.scaled_dot_product_attention, family="attention", target="simulator", accepts=_refusal)
+def sdpa(op, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    return _forward(query, key, value, is_causal, attn_mask, scale)[0]
+
+
+@lowers(aten._scaled_dot_product_flash_attention_for_cpu_backward, family="attention", target="simulator",
+        accepts=_refusal)
+def flash_attention_backward(op, grad_out, query, key, value, out, logsumexp, dropout_p=0.0, is_causal=False,
+                             attn_mask=None, scale=None):
+    from neuron_dynamo.kernels.attention_bwd import attention_backward_kernel
+
+    sq, sk = query.shape[2], key.shape[2]
+    sqp, skp = _padded(sq), _padded(sk)
+    scale = query.shape[-1] ** -0.5 if scale is None else scale
+    lse = logsumexp if sqp == sq else F.pad(logsumexp, (0, sqp - sq))
+    dq, dk, dv = launch(
+        attention_backward_kernel, _pad_seq(query, sqp).contiguous(), _pad_seq(key, skp).contiguous(),
+        _pad_seq(value, skp).contiguous(), _pad_seq(out, sqp).contiguous(), _pad_seq(grad_out, sqp).contiguous(),
+        lse.float().contiguous(), _mask(attn_mask, query, sq, sk, sqp, skp), bool(is_causal), float(scale),
+    )
+    return dq[:, :, :sq], dk[:, :, :sk], dv[:, :, :sk]

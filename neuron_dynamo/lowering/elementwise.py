@@ -1,14 +1,23 @@
-"""Element-wise ops, casts and tensor creation: the chains the NKI code generator fuses into one kernel."""
+"""Element-wise ops, casts and tensor creation: the chains the NKI code generator fuses into one kernel.
+
+On the NKI targets each op here has an *emitter* (`codegen.emits`) that writes its NKI lines for one SBUF tile;
+`lower_region` fuses neighbouring element-wise nodes into one generated kernel. The registered simulator kernel is
+the same generator applied to a single op (what a lone call of the op runs).
+"""
+
+import math
 
 import torch
+import torch.fx as fx
 
+from neuron_dynamo.lowering import codegen
+from neuron_dynamo.lowering.codegen import Emitter, Tile, emits
 from neuron_dynamo.lowering.registry import lowers
 
 aten = torch.ops.aten
 prims = torch.ops.prims
 
-
-@lowers(
+ELEMENTWISE_OPS = (
     # arithmetic and comparisons
     aten.abs, aten.add, aten.sub, aten.rsub, aten.mul, aten.div, aten.neg, aten.reciprocal, aten.pow,
     aten.maximum, aten.minimum, aten.clamp, aten.clamp_min, aten.clamp_max, aten.sign, aten.floor, aten.ceil,
@@ -21,18 +30,339 @@ prims = torch.ops.prims
     aten.threshold_backward, aten.gelu_backward, aten.silu_backward, aten.sigmoid_backward, aten.tanh_backward,
     # casts and copies
     aten._to_copy, prims.convert_element_type, aten.clone, aten.copy, aten.copy_, aten.lift_fresh_copy,
-    family="elementwise",
 )
+CREATION_OPS = (
+    aten.full, aten.full_like, aten.zeros, aten.zeros_like, aten.ones, aten.ones_like, aten.empty, aten.empty_like,
+    aten.new_zeros, aten.new_ones, aten.new_full, aten.new_empty, aten.scalar_tensor, aten.arange, aten.fill,
+)
+
+
+@lowers(*ELEMENTWISE_OPS, family="elementwise")
 def elementwise(op, *args, **kwargs):
     """Reference kernel: torch computes the op; the NKI code generator fuses such chains into one kernel."""
     return op(*args, **kwargs)
 
 
-@lowers(
-    aten.full, aten.full_like, aten.zeros, aten.zeros_like, aten.ones, aten.ones_like, aten.empty, aten.empty_like,
-    aten.new_zeros, aten.new_ones, aten.new_full, aten.new_empty, aten.scalar_tensor, aten.arange, aten.fill,
-    family="creation",
-)
+@lowers(*CREATION_OPS, family="creation")
 def creation(op, *args, **kwargs):
     """Reference kernel: torch creates the tensor; on device these are memsets and iota patterns in SBUF."""
     return op(*args, **kwargs)
+
+
+# ------------------------------------------------------------------------------------------------ NKI emitters
+def _tiles(*values):
+    return [v for v in values if isinstance(v, Tile)]
+
+
+def _binary(e: Emitter, fn: str, a, b, dt: str):
+    if not _tiles(a, b):
+        raise codegen.CodegenError(f"{fn} of two constants")
+    return e.call(fn, a, b, dtype=dt)
+
+
+def _scaled(e: Emitter, b, alpha, dt: str):
+    if alpha == 1:
+        return b
+    return e.call("nl.multiply", b, alpha, dtype=dt) if isinstance(b, Tile) else b * alpha
+
+
+@emits(aten.add)
+def _add(e, dt, a, b, alpha=1):
+    return _binary(e, "nl.add", a, _scaled(e, b, alpha, dt), dt)
+
+
+@emits(aten.sub)
+def _sub(e, dt, a, b, alpha=1):
+    return _binary(e, "nl.subtract", a, _scaled(e, b, alpha, dt), dt)
+
+
+@emits(aten.rsub)
+def _rsub(e, dt, a, b, alpha=1):
+    return _binary(e, "nl.subtract", b, _scaled(e, a, alpha, dt), dt)
+
+
+@emits(aten.mul)
+def _mul(e, dt, a, b):
+    return _binary(e, "nl.multiply", a, b, dt)
+
+
+@emits(aten.div)
+def _div(e, dt, a, b, rounding_mode=None):
+    # Trainium has no divide: multiply by the reciprocal (VectorE computes it in fp32)
+    if isinstance(b, Tile):
+        quotient = _binary(e, "nl.multiply", a, e.call("nl.reciprocal", b, dtype="float32"), "float32")
+    else:
+        quotient = e.call("nl.multiply", a, 1.0 / b, dtype="float32")
+    if rounding_mode == "floor":
+        quotient = e.call("nl.floor", quotient, dtype="float32")
+    elif rounding_mode == "trunc":
+        quotient = e.call("nl.trunc", quotient, dtype="float32")
+    return e.call("nl.copy", quotient, dtype=dt)
+
+
+@emits(aten.neg)
+def _neg(e, dt, a):
+    return e.call("nl.multiply", a, -1.0, dtype=dt)
+
+
+def _unary(nl_name):
+    def emit(e, dt, a):
+        return e.call(f"nl.{nl_name}", a, dtype=dt)
+
+    return emit
+
+
+for _op, _name in (
+    (aten.abs, "abs"), (aten.reciprocal, "reciprocal"), (aten.sign, "sign"), (aten.floor, "floor"),
+    (aten.ceil, "ceil"), (aten.exp, "exp"), (aten.log, "log"), (aten.sqrt, "sqrt"), (aten.rsqrt, "rsqrt"),
+    (aten.sin, "sin"), (aten.cos, "cos"), (aten.tanh, "tanh"), (aten.erf, "erf"), (aten.sigmoid, "sigmoid"),
+    (aten.relu, "relu"), (aten.silu, "silu"), (aten.mish, "mish"),
+):
+    EMIT = _unary(_name)
+    emits(_op)(EMIT)
+
+
+@emits(aten.exp2)
+def _exp2(e, dt, a):
+    return e.call("nl.exp", e.call("nl.multiply", a, math.log(2.0), dtype="float32"), dtype=dt)
+
+
+@emits(aten.expm1)
+def _expm1(e, dt, a):
+    return e.call("nl.subtract", e.call("nl.exp", a, dtype="float32"), 1.0, dtype=dt)
+
+
+@emits(aten.log1p)
+def _log1p(e, dt, a):
+    return e.call("nl.log", e.call("nl.add", a, 1.0, dtype="float32"), dtype=dt)
+
+
+@emits(aten.log2)
+def _log2(e, dt, a):
+    return e.call("nl.multiply", e.call("nl.log", a, dtype="float32"), 1.0 / math.log(2.0), dtype=dt)
+
+
+@emits(aten.gelu)
+def _gelu(e, dt, a, approximate="none"):
+    return e.call("nl.gelu_apprx_tanh" if approximate == "tanh" else "nl.gelu", a, dtype=dt)
+
+
+@emits(aten.pow)
+def _pow(e, dt, a, b):
+    if isinstance(a, Tile) and isinstance(b, Tile):
+        return e.call("nl.power", a, b, dtype=dt)
+    if isinstance(b, Tile):  # constant base: exp(b · ln a)
+        return e.call("nl.exp", e.call("nl.multiply", b, math.log(a), dtype="float32"), dtype=dt)
+    special = {2: "nl.square", 0.5: "nl.sqrt", -0.5: "nl.rsqrt", -1: "nl.reciprocal", 1: "nl.copy"}
+    if b in special:
+        return e.call(special[b], a, dtype=dt)
+    if float(b).is_integer() and 0 < b <= 8:
+        result = a
+        for _ in range(int(b) - 1):
+            result = e.call("nl.multiply", result, a, dtype="float32")
+        return e.call("nl.copy", result, dtype=dt)
+    # |a|^b via exp(b · ln|a|): what torch gives for the non-negative bases that a fractional power admits
+    logged = e.call("nl.log", e.call("nl.abs", a, dtype="float32"), dtype="float32")
+    return e.call("nl.exp", e.call("nl.multiply", logged, float(b), dtype="float32"), dtype=dt)
+
+
+@emits(aten.maximum)
+def _maximum(e, dt, a, b):
+    return _binary(e, "nl.maximum", a, b, dt)
+
+
+@emits(aten.minimum)
+def _minimum(e, dt, a, b):
+    return _binary(e, "nl.minimum", a, b, dt)
+
+
+@emits(aten.clamp, aten.hardtanh)
+def _clamp(e, dt, a, min=None, max=None):  # noqa: A002 - aten's argument names
+    result = a
+    if min is not None:
+        result = _binary(e, "nl.maximum", result, min, dt)
+    if max is not None:
+        result = _binary(e, "nl.minimum", result, max, dt)
+    return result if result is not a else e.call("nl.copy", a, dtype=dt)
+
+
+@emits(aten.clamp_min)
+def _clamp_min(e, dt, a, bound):
+    return _binary(e, "nl.maximum", a, bound, dt)
+
+
+@emits(aten.clamp_max)
+def _clamp_max(e, dt, a, bound):
+    return _binary(e, "nl.minimum", a, bound, dt)
+
+
+for _op, _name in ((aten.eq, "equal"), (aten.ne, "not_equal"), (aten.lt, "less"), (aten.le, "less_equal"),
+                   (aten.gt, "greater"), (aten.ge, "greater_equal"), (aten.logical_and, "logical_and"),
+                   (aten.logical_or, "logical_or")):
+    emits(_op)(lambda e, dt, a, b, _fn=f"nl.{_name}": _binary(e, _fn, a, b, dt))
+
+
+@emits(aten.bitwise_and)
+def _bitwise_and(e, dt, a, b):
+    return _binary(e, "nl.bitwise_and", a, b, dt)
+
+
+@emits(aten.bitwise_or)
+def _bitwise_or(e, dt, a, b):
+    return _binary(e, "nl.bitwise_or", a, b, dt)
+
+
+@emits(aten.logical_not)
+def _logical_not(e, dt, a):
+    return e.call("nl.equal", a, 0, dtype=dt)
+
+
+@emits(aten.bitwise_not)
+def _bitwise_not(e, dt, a):
+    if a.dtype == "uint8" and dt == "uint8":  # bool: the device stores it as a 0/1 byte
+        return e.call("nl.equal", a, 0, dtype=dt)
+    return e.call("nl.invert", a, dtype=dt)
+
+
+@emits(aten.where)
+def _where(e, dt, condition, a, b):
+    return e.call("nl.where", condition, a, b, dtype=dt)
+
+
+@emits(aten.masked_fill)
+def _masked_fill(e, dt, a, mask, value):
+    return e.call("nl.where", mask, value, a, dtype=dt)
+
+
+@emits(aten._to_copy, prims.convert_element_type, aten.clone, aten.lift_fresh_copy)
+def _copy(e, dt, a, *args, **kwargs):
+    return e.call("nl.copy", a, dtype=dt)
+
+
+@emits(aten.copy, aten.copy_)
+def _copy_into(e, dt, dst, src, non_blocking=False):
+    if isinstance(src, Tile):
+        return e.call("nl.copy", src, dtype=dt)
+    return e.call("nl.full", "(pr, cc)", codegen.typed_constant(src, dt), dtype=dt)
+
+
+@emits(aten.threshold_backward)
+def _threshold_backward(e, dt, grad, a, threshold):
+    return e.call("nl.where", e.call("nl.less_equal", a, threshold, dtype="uint8"), 0.0, grad, dtype=dt)
+
+
+@emits(aten.gelu_backward)
+def _gelu_backward(e, dt, grad, a, approximate="none"):
+    if approximate != "tanh":
+        return e.call("nl.multiply", grad, e.call("nl.gelu_dx", a, dtype="float32"), dtype=dt)
+    # d/dx 0.5·x·(1 + tanh(c·(x + k·x³))) = 0.5·(1 + t) + 0.5·x·(1 - t²)·c·(1 + 3k·x²)
+    c, k = math.sqrt(2.0 / math.pi), 0.044715
+    f32 = "float32"
+    x2 = e.call("nl.multiply", a, a, dtype=f32)
+    inner = e.call("nl.multiply", e.call("nl.add", e.call("nl.multiply", x2, k, dtype=f32), 1.0, dtype=f32), a,
+                   dtype=f32)
+    t = e.call("nl.tanh", e.call("nl.multiply", inner, c, dtype=f32), dtype=f32)
+    left = e.call("nl.multiply", e.call("nl.add", t, 1.0, dtype=f32), 0.5, dtype=f32)
+    one_minus_t2 = e.call("nl.subtract", 1.0, e.call("nl.multiply", t, t, dtype=f32), dtype=f32)
+    slope = e.call("nl.add", e.call("nl.multiply", x2, 3 * k * c, dtype=f32), c, dtype=f32)
+    right = e.call("nl.multiply", e.call("nl.multiply", one_minus_t2, slope, dtype=f32),
+                   e.call("nl.multiply", a, 0.5, dtype=f32), dtype=f32)
+    return e.call("nl.multiply", grad, e.call("nl.add", left, right, dtype=f32), dtype=dt)
+
+
+@emits(aten.silu_backward)
+def _silu_backward(e, dt, grad, a):
+    return e.call("nl.multiply", grad, e.call("nl.silu_dx", a, dtype="float32"), dtype=dt)
+
+
+@emits(aten.sigmoid_backward)
+def _sigmoid_backward(e, dt, grad, y):
+    slope = e.call("nl.multiply", y, e.call("nl.subtract", 1.0, y, dtype="float32"), dtype="float32")
+    return e.call("nl.multiply", grad, slope, dtype=dt)
+
+
+@emits(aten.tanh_backward)
+def _tanh_backward(e, dt, grad, y):
+    slope = e.call("nl.subtract", 1.0, e.call("nl.multiply", y, y, dtype="float32"), dtype="float32")
+    return e.call("nl.multiply", grad, slope, dtype=dt)
+
+
+@emits(aten.softplus)
+def _softplus(e, dt, a, beta=1, threshold=20):
+    scaled = e.call("nl.multiply", a, float(beta), dtype="float32")
+    soft = e.call("nl.multiply", e.call("nl.softplus", scaled, dtype="float32"), 1.0 / beta, dtype="float32")
+    return e.call("nl.where", e.call("nl.greater", scaled, float(threshold), dtype="uint8"), a, soft, dtype=dt)
+
+
+# Creation ops: a memset of the tile (their tensor arguments only lend a shape; the group builder drops them).
+@emits(*[op for op in CREATION_OPS if op is not aten.arange])
+def _fill(e, dt, value):
+    if isinstance(value, Tile):  # fill.Tensor: a 0-d tensor broadcast over the tile
+        return e.call("nl.copy", value, dtype=dt)
+    return e.call("nl.full", "(pr, cc)", codegen.typed_constant(value, dt), dtype=dt)
+
+
+@emits(aten.arange)
+def _arange(e, dt, start, step):
+    # element (r0 + p, c0 + c) of the [rows, cols] view is number (r0 + p)·cols + c0 + c of the range
+    name = e.alloc("int32")
+    e.raw(f"nisa.iota({name}, [[{step}, cc]], offset={start} + (r0 * cols + c0) * {step}, "
+          f"channel_multiplier=cols * {step})")
+    return e.call("nl.copy", name, dtype=dt)
+
+
+def fill_value(node_or_op, args, kwargs):
+    """The value a creation op writes (its tensor arguments only give a shape), as step args."""
+    op = getattr(node_or_op, "overloadpacket", node_or_op)
+    if op in (aten.zeros, aten.zeros_like, aten.new_zeros, aten.empty, aten.empty_like, aten.new_empty):
+        return (0,)
+    if op in (aten.ones, aten.ones_like, aten.new_ones):
+        return (1,)
+    if op in (aten.full, aten.full_like, aten.fill):
+        return (args[1],)
+    if op is aten.new_full:
+        return (args[2],)
+    if op is aten.scalar_tensor:
+        return (args[0],)
+    if op is aten.arange:
+        numbers = [a for a in args if not isinstance(a, fx.Node)]
+        start, step = (0, 1) if len(numbers) == 1 else (numbers[0], numbers[2] if len(numbers) > 2 else 1)
+        return (start, step)
+    raise codegen.CodegenError(f"{op} is not a creation op")
+
+
+def _refuse(node: fx.Node) -> str | None:
+    """Why the code generator cannot take this node (None when it can)."""
+    for arg in [*node.args, *node.kwargs.values()]:
+        for leaf in arg if isinstance(arg, (list, tuple)) else [arg]:
+            if isinstance(leaf, fx.Node) and not isinstance(leaf.meta.get("val"), torch.Tensor):
+                return "a non-constant scalar operand"
+            if isinstance(leaf, complex):
+                return "a complex constant"
+    value = node.meta.get("val")
+    if not isinstance(value, torch.Tensor):
+        return "no tensor result"
+    if value.dtype not in codegen.NKI_DTYPES:
+        return f"result dtype {value.dtype}"
+    packet = node.target.overloadpacket
+    if packet is aten.arange and (not all(isinstance(a, int) for a in node.args) or value.dtype.is_floating_point):
+        return "a fractional arange"
+    if packet in (aten.copy, aten.copy_) and node.args[0].meta["val"].shape != value.shape:
+        return "a broadcasting copy"
+    return None
+
+
+@lowers(*ELEMENTWISE_OPS, family="elementwise", target="simulator", accepts=_refuse)
+def elementwise_nki(op, *args, **kwargs):
+    """One element-wise op as a generated NKI kernel (`lower_region` fuses chains of them into one)."""
+    from neuron_dynamo.lowering.fusion import run_single
+
+    return run_single(op, args, kwargs)
+
+
+@lowers(*CREATION_OPS, family="creation", target="simulator", accepts=_refuse)
+def creation_nki(op, *args, **kwargs):
+    """A creation op as a generated NKI kernel: memset (or iota) tiles stored to HBM."""
+    from neuron_dynamo.lowering.fusion import run_single
+
+    return run_single(op, args, kwargs)

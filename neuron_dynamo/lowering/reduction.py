@@ -1,8 +1,17 @@
-"""Reductions and scans along one or more dims: VectorE work in NKI, fused with the element-wise ops around them."""
+"""Reductions and scans along one or more dims: VectorE work in NKI, fused with the element-wise ops around them.
+
+On the NKI targets sum/mean/amax/amin are generated kernels over a [rows, cols] view with the kept dims on
+partitions and the reduced dims along the free axis (`codegen.plan_reduction`). When the reduced dims lead (the
+bias gradients of a backward graph: a sum over batch and sequence), the data is turned by the library's TensorE
+transpose kernel first, so every partition works.
+"""
 
 import torch
+import torch.fx as fx
 
+from neuron_dynamo.lowering import codegen
 from neuron_dynamo.lowering.registry import lowers
+from neuron_dynamo.toolchain.simulator import launch
 
 aten = torch.ops.aten
 
@@ -15,3 +24,52 @@ aten = torch.ops.aten
 def reduction(op, *args, **kwargs):
     """Reference kernel: torch reduces; the NKI code generator emits reduction chains."""
     return op(*args, **kwargs)
+
+
+KINDS = {aten.sum: "sum", aten.mean: "mean", aten.amax: "amax", aten.amin: "amin"}
+
+
+def _dims(x: torch.Tensor, dims) -> list[int]:
+    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+        return list(range(x.dim()))
+    return [d % max(x.dim(), 1) for d in ([dims] if isinstance(dims, int) else dims)]
+
+
+def _refusal(node: fx.Node) -> str | None:
+    value, source = node.meta.get("val"), node.args[0].meta.get("val")
+    if not isinstance(value, torch.Tensor) or value.dtype not in codegen.NKI_DTYPES:
+        return "a reduction result NKI cannot store"
+    if source.dtype not in codegen.NKI_DTYPES or source.dtype == torch.bool:
+        return f"a reduction over {source.dtype}"
+    if len(node.args) > 1 and isinstance(node.args[1], fx.Node):
+        return "reduction dims given by a tensor"
+    return None
+
+
+@lowers(aten.sum, aten.mean, aten.amax, aten.amin, family="reduction", target="simulator", accepts=_refusal)
+def reduce(op, x, dims=None, keepdim=False, dtype=None):
+    """One generated reduction kernel over [kept, reduced]; the result takes the graph's shape and dtype."""
+    packet = op.overloadpacket
+    out_dtype = dtype or (torch.int64 if packet is aten.sum and not x.dtype.is_floating_point else x.dtype)
+    dims = _dims(x, dims)
+    shape = [1 if d in dims else s for d, s in enumerate(x.shape)] if keepdim else [
+        s for d, s in enumerate(x.shape) if d not in dims]
+    order, rows, cols = codegen.plan_reduction(x.shape, dims)
+    if rows * cols == 0:  # nothing to move or add: the (empty or identity) result needs no kernel
+        exact = {aten.sum: aten.sum.dim_IntList, aten.mean: aten.mean.dim}
+        if packet in exact:
+            return exact[packet](x, dims, keepdim, dtype=dtype)
+        return op(x, dims, keepdim)
+    leading = order != list(range(x.dim()))
+    if leading and order == [*range(len(dims), x.dim()), *range(len(dims))] and x.dtype.is_floating_point:
+        from neuron_dynamo.kernels.transpose import transpose_kernel
+
+        view = launch(transpose_kernel, x.contiguous().reshape(cols, rows))
+    else:
+        view = x.permute(order).reshape(rows, cols) if leading else x.reshape(rows, cols)
+    in_dtype = codegen.nki_dtype(x.dtype)
+    kind = KINDS[packet]
+    name = codegen.source_name(f"reduce_{kind}", f"{in_dtype}:{codegen.nki_dtype(out_dtype)}")
+    kernel = codegen.compile_source(codegen.reduction_source(kind, in_dtype, codegen.nki_dtype(out_dtype), name), name)
+    out = launch(kernel, codegen.to_device(view.contiguous()), rows, cols)
+    return codegen.from_device(out.reshape(shape if shape else []), out_dtype).reshape(shape)

@@ -34,11 +34,15 @@ class Kernel:
     `__name__` for the generated code (`reference_mm`) and remembers the op and family it implements.
     """
 
-    def __init__(self, op: OpKey, family: str, target: str, implementation: Callable[..., Any]) -> None:
+    def __init__(
+        self, op: OpKey, family: str, target: str, implementation: Callable[..., Any],
+        accepts: Callable[[Any], str | None] | None = None,
+    ) -> None:
         self.op = op
         self.family = family
         self.target = target
         self.implementation = implementation
+        self.accepts = accepts
         self.__name__ = f"{target}_{op_name(op).replace('.', '_')}"
         self.__module__ = implementation.__module__
 
@@ -47,7 +51,13 @@ class Kernel:
 
     def for_overload(self, overload: torch._ops.OpOverload) -> Kernel:
         """This kernel bound to one overload of its packet, so it runs exactly the op the graph recorded."""
-        return self if overload is self.op else Kernel(overload, self.family, self.target, self.implementation)
+        if overload is self.op:
+            return self
+        return Kernel(overload, self.family, self.target, self.implementation, self.accepts)
+
+    def refusal(self, node: Any) -> str | None:
+        """None if this kernel can take the FX `node` (its args, shapes, dtypes), else the reason it cannot."""
+        return None if self.accepts is None else self.accepts(node)
 
     def __repr__(self) -> str:
         return f"Kernel({op_name(self.op)}, family={self.family!r}, target={self.target!r})"
@@ -74,8 +84,14 @@ def op_name(op: Any) -> str:
     return getattr(op, "__qualname__", None) or getattr(op, "__name__", None) or str(op)
 
 
-def lowers(*ops: OpKey, family: str, target: str = "reference") -> Callable[[Callable], Callable]:
-    """Register the decorated `implementation(op, *args, **kwargs)` as the `target` kernel of every op in `ops`."""
+def lowers(
+    *ops: OpKey, family: str, target: str = "reference", accepts: Callable[[Any], str | None] | None = None
+) -> Callable[[Callable], Callable]:
+    """Register the decorated `implementation(op, *args, **kwargs)` as the `target` kernel of every op in `ops`.
+
+    `accepts(node) -> None | reason` lets a kernel refuse particular calls of its op (a layout or an argument its
+    NKI implementation does not handle); the partitioner then runs that node eagerly with the reason.
+    """
 
     def register(implementation: Callable[..., Any]) -> Callable[..., Any]:
         for op in ops:
@@ -86,7 +102,7 @@ def lowers(*ops: OpKey, family: str, target: str = "reference") -> Callable[[Cal
                 raise RegistryError(f"{op_name(op)} already has a {target!r} lowering ({lowering.kernels[target]!r})")
             if lowering.family != family:
                 raise RegistryError(f"{op_name(op)} is in family {lowering.family!r}, not {family!r}")
-            lowering.kernels[target] = Kernel(op, family, target, implementation)
+            lowering.kernels[target] = Kernel(op, family, target, implementation, accepts)
         return implementation
 
     return register

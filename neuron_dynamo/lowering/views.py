@@ -1,8 +1,19 @@
-"""Views, reshapes and data movement: free on device when they only change the access pattern, DMA otherwise."""
+"""Views, reshapes and data movement: free on device when they only change the access pattern, DMA otherwise.
+
+On the NKI targets a pure view (reshape of contiguous data, transpose, permute, slice, expand, ...) is not a
+kernel: it changes the access pattern the next kernel's DMA reads with, so the simulator kernel is the strided
+torch view itself and no data moves. `cat` is a generated DMA kernel (HBM → HBM copies into the slices of the
+result), `embedding` the library's indirect-DMA gather.
+"""
+
+import math
 
 import torch
+import torch.fx as fx
 
+from neuron_dynamo.lowering import codegen
 from neuron_dynamo.lowering.registry import lowers
+from neuron_dynamo.toolchain.simulator import launch
 
 aten = torch.ops.aten
 
@@ -17,3 +28,77 @@ aten = torch.ops.aten
 def views(op, *args, **kwargs):
     """Reference kernel: torch moves the data; on device these become access patterns or (indirect) DMA."""
     return op(*args, **kwargs)
+
+
+ACCESS_PATTERNS = (
+    aten.view, aten._unsafe_view, aten.reshape, aten.expand, aten.slice, aten.select, aten.narrow, aten.unsqueeze,
+    aten.squeeze, aten.transpose, aten.split, aten.split_with_sizes, aten.unbind, aten.as_strided, aten.alias,
+    aten.detach,
+)
+
+
+@lowers(*ACCESS_PATTERNS, family="views", target="simulator")
+def access_pattern(op, *args, **kwargs):
+    """A view on device is the access pattern of the consumer's DMA: the strided view, no data moved.
+
+    Kernels may hand back another memory layout than eager's (a contiguous attention output where eager's is
+    transposed), so a `view` the new strides cannot express becomes a reshape: one copy, the DMA the device does.
+    """
+    if op.overloadpacket in (aten.view, aten._unsafe_view):
+        return args[0].reshape(args[1])
+    return op(*args, **kwargs)
+
+
+def _cat_source(count: int, name: str) -> str:
+    params = ", ".join(f"x{i}" for i in range(count))
+    lines = [codegen._HEADER, "@nki.jit", f"def {name}({params}, outer, total, widths):",
+             "    out = nl.ndarray((outer, total), dtype=x0.dtype, buffer=nl.shared_hbm)"]
+    offset = "0"
+    for i in range(count):
+        lines.append(f"    if widths[{i}] > 0:")
+        lines.append(f"        nisa.dma_copy(dst=out[0:outer, {offset}:{offset} + widths[{i}]], src=x{i})")
+        offset = f"{offset} + widths[{i}]"
+    lines.append("    return out")
+    return "\n".join(lines) + "\n"
+
+
+def _cat_refusal(node: fx.Node) -> str | None:
+    value = node.meta.get("val")
+    if not isinstance(value, torch.Tensor) or value.dtype not in codegen.NKI_DTYPES:
+        return "cat of a dtype NKI cannot store"
+    if any(arg.meta["val"].dtype != value.dtype for arg in node.args[0]):
+        return "cat of mixed dtypes"
+    return None
+
+
+@lowers(aten.cat, family="views", target="simulator", accepts=_cat_refusal)
+def cat(op, tensors, dim=0):
+    """torch.cat as one DMA per input into its slice of the result, each input viewed as [outer, width]."""
+    tensors = [t for t in tensors if t.numel() or t.dim() > 1]
+    dim = dim % tensors[0].dim()
+    shape = list(tensors[0].shape)
+    shape[dim] = sum(t.shape[dim] for t in tensors)
+    outer = math.prod(shape[:dim])
+    if outer * math.prod(shape[dim:]) == 0:
+        return torch.cat(tensors, dim)
+    widths = tuple(math.prod(t.shape[dim:]) for t in tensors)
+    name = codegen.source_name("cat", str(len(tensors)))
+    kernel = codegen.compile_source(_cat_source(len(tensors), name), name)
+    parts = [codegen.to_device(t.contiguous()).reshape(outer, w) for t, w in zip(tensors, widths, strict=True)]
+    out = launch(kernel, *parts, outer, sum(widths), widths)
+    return codegen.from_device(out.reshape(shape), tensors[0].dtype)
+
+
+def _embedding_refusal(node: fx.Node) -> str | None:
+    table = node.args[0].meta["val"]
+    if table.dim() != 2:
+        return "an embedding table that is not 2-D"
+    return None
+
+
+@lowers(aten.embedding, family="views", target="simulator", accepts=_embedding_refusal)
+def embedding(op, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    """The library's indirect-DMA gather (`kernels.embedding`); indices narrow to int32 on the way in."""
+    from neuron_dynamo.kernels.embedding import embedding_kernel
+
+    return launch(embedding_kernel, codegen.to_device(indices.contiguous()), weight.contiguous())

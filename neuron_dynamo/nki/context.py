@@ -157,6 +157,7 @@ class ProgramContext:
         self.scalar_reduce_regs = np.full((limits.pmax,), np.nan, dtype=np.float32)
         self.rng = np.random.default_rng(program_id)
         self.warned_unwritten: set[int] = set()  # storages already reported as read before any write
+        self.warned_ranges: set = set()  # (kernel site, activation) pairs already reported out of range
 
     def record(self, instr: Instruction) -> None:
         self.counter += 1

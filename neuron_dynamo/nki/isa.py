@@ -27,7 +27,8 @@ __all__ = [
     "tensor_tensor_scan", "iota", "affine_select", "reciprocal", "bn_stats", "bn_aggr", "tensor_partition_reduce",
     "dropout", "max8", "tensor_copy_predicated", "core_barrier", "sendrecv", "dma_compute", "tensor_scalar_reduce",
     "select_reduce", "range_select", "exponential", "nc_stream_shuffle", "nc_find_index8", "nc_match_replace8",
-    "VirtualRegister", "register_alloc", "register_move", "register_load", "register_store",
+    "tensor_copy_dynamic_src", "tensor_copy_dynamic_dst", "VirtualRegister", "register_alloc", "register_move",
+    "register_load", "register_store",
 ]
 
 
@@ -338,7 +339,8 @@ def dma_copy(dst, src, dst_rmw_op=None, oob_mode=oob_mode.error, dge_mode=dge_mo
     run = _contiguous_run_bytes(src, dst)
     if run is not None:
         extra["contiguous_bytes"] = run
-    _touch(ctx, (src, dst))
+    offsets = tuple(t._idx[2] for t in (src, dst) if t._idx is not None)  # the index tiles are read too
+    _touch(ctx, (src, dst, *offsets))
     _record(ctx, op, "dma", parts, n_dst // max(parts, 1), (src,), dst, dma_bytes=nbytes, **extra)
 
 
@@ -426,7 +428,7 @@ def dma_transpose(dst, src, axes=None, dge_mode=dge_mode.unknown, oob_mode=oob_m
             dge_mode=dge_mode.name)
 
 
-def tensor_copy(dst, src, engine=engine.unknown, name=None):
+def tensor_copy(dst, src, engine=engine.unknown, name=None, _dynamic=False):
     """Copy on chip (SBUF/PSUM); bit-exact when dtypes match, else via fp32."""
     op = "tensor_copy"
     ctx = current()
@@ -440,7 +442,21 @@ def tensor_copy(dst, src, engine=engine.unknown, name=None):
     values = _rows(src, p, f) if src._dt == dst._dt else _f32(src, p, f)
     dst._write(values)
     _touch(ctx, (src, dst))
-    _record(ctx, op, eng, p, f, (src,), dst)
+    _record(ctx, op, eng, p, f, (src,), dst, dynamic_address=_dynamic)
+
+
+def tensor_copy_dynamic_src(dst, src, engine=engine.unknown, name=None):
+    """`tensor_copy` whose `src` view starts at a runtime offset (a register in its slice: `src[:, nl.ds(reg, n)]`).
+
+    The interpreter knows every register's value, so the view is already resolved; the instruction is charged the
+    dynamic-address cost.
+    """
+    tensor_copy(dst, src, engine=engine, _dynamic=True)
+
+
+def tensor_copy_dynamic_dst(dst, src, engine=engine.unknown, name=None):
+    """`tensor_copy` whose `dst` view starts at a runtime offset (see tensor_copy_dynamic_src)."""
+    tensor_copy(dst, src, engine=engine, _dynamic=True)
 
 
 def memset(dst, value, engine=engine.unknown, name=None):
@@ -640,6 +656,8 @@ def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=N
         if b_t is not None:
             ins.append(b_t)
         x = x + b
+    if act_name in _ACTIVATION_RANGES:
+        _check_activation_range(ctx, act_name, x)
     out = fn(x)
     if not isinstance(reduce_cmd, _ReduceCmd):
         _fail("reduce-cmd", f"{iname}: reduce_cmd must be an nisa.reduce_cmd member")
@@ -662,6 +680,39 @@ def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=N
         touched.append(reduce_res)
     _touch(ctx, touched)
     _record(ctx, iname, "scalar", p, f, tuple(ins), dst, act=act_name, reduce=reducing)
+
+
+# ScalarE evaluates these functions with piecewise polynomials that are only valid on these input ranges
+# (reference/nki.md §1.9): outside them the hardware returns garbage where NumPy returns the exact value.
+_ACTIVATION_RANGES = {
+    "log": (2.0**-64, 2.0**64, False),
+    "sqrt": (2.0**-116, 2.0**118, False),
+    "rsqrt": (2.0**-87, 2.0**97, False),
+    "reciprocal": (2.0**-42, 2.0**42, True),  # symmetric: |x| in range
+    "sin": (-np.pi, np.pi, False),
+    "arctan": (-np.pi / 2, np.pi / 2, False),
+}
+
+
+def _check_activation_range(ctx, act_name: str, x: np.ndarray) -> None:
+    lo, hi, symmetric = _ACTIVATION_RANGES[act_name]
+    values = np.abs(x) if symmetric else x
+    finite = values[np.isfinite(values)]
+    if finite.size == 0:
+        return
+    vmin, vmax = float(finite.min()), float(finite.max())
+    slack = 1e-6 * max(abs(lo), abs(hi))  # fp32 rounding of the bounds themselves (e.g. pi)
+    if vmin >= lo - slack and vmax <= hi + slack:
+        return
+    here = kernel_site() or ("?", 0)
+    if (here, act_name) in ctx.warned_ranges:
+        return
+    ctx.warned_ranges.add((here, act_name))
+    log.warning(
+        "%s:%d: activation %s gets inputs in [%.3g, %.3g]%s, outside its valid ScalarE range [%.3g, %.3g]: the "
+        "hardware result is invalid there (the interpreter computes the exact value)", here[0], here[1], act_name,
+        vmin, vmax, " (absolute values)" if symmetric else "", lo, hi,
+    )
 
 
 def activation_reduce(dst, op, data, reduce_op, reduce_res, bias=None, scale=1.0, name=None):

@@ -371,8 +371,30 @@ erf_dx = _unary_activation("erf_dx")
 square = _unary_activation("square")
 abs = _unary_activation("abs")  # noqa: A001 - NKI's name
 sign = _unary_activation("sign")
-sin = _unary_activation("sin")
-cos = _unary_activation("cos")
+
+
+def _range_reduced(name, shift):
+    """nl.sin/nl.cos: unlike nisa.activation(op=nl.sin), these reduce the argument to [-pi, pi) first (two ALU
+    instructions), as ScalarE's sine is only valid there."""
+
+    @_nki_op(name)
+    def op(x, dtype=None):
+        _tile(name, x)
+        reduced = _out(x.shape, "float32")
+        isa.tensor_scalar(reduced, x, op0=add, operand0=math.pi + shift, op1=_MOD, operand1=2 * math.pi)
+        isa.tensor_scalar(reduced, reduced, op0=subtract, operand0=math.pi)
+        out = _out(x.shape, dtype or x.dtype)
+        isa.activation(out, op=_SIN, data=reduced)
+        return out
+
+    op.__name__ = op.__qualname__ = name
+    return op
+
+
+_SIN = _unary_activation("sin")
+_MOD = np.mod  # the ALU operator (nl.mod, the convenience op, is rejected on hardware)
+sin = _range_reduced("sin", 0.0)
+cos = _range_reduced("cos", math.pi / 2)
 tan = _unary_activation("tan")
 arctan = _unary_activation("arctan")
 ceil = _unary_activation("ceil")

@@ -87,7 +87,7 @@ class NkiTensor:
         self._a = array
         self._s = storage
         self._dt = dtype
-        self._idx = idx  # indirect tensors: (flat element indices, out-of-bounds mask or None)
+        self._idx = idx  # indirect tensors: (flat element indices, out-of-bounds mask or None, the offsets tensor)
 
     # ---------------------------------------------------------------- attributes
     @property
@@ -168,7 +168,7 @@ class NkiTensor:
         if self._idx is None:
             return self._a
         flat = self._s.data.reshape(-1)
-        idx, oob = self._idx
+        idx, oob, _ = self._idx
         return flat[idx] if oob is None else flat[np.where(oob, 0, idx)]
 
     def _write(self, values: np.ndarray, mask: np.ndarray | None = None) -> None:
@@ -192,7 +192,7 @@ class NkiTensor:
                 a[mask] = values.reshape(a.shape)[mask]
             return
         flat = self._s.data.reshape(-1)
-        idx, oob = self._idx
+        idx, oob, _ = self._idx
         values = values.reshape(idx.shape)
         keep = None if mask is None else mask.reshape(idx.shape)
         if oob is not None:
@@ -202,6 +202,7 @@ class NkiTensor:
         else:
             flat[idx[keep]] = values[keep]
 
+    # ---------------------------------------------------------------- views
     def __getitem__(self, key) -> NkiTensor:
         self._direct("indexing")
         if not isinstance(key, tuple):
@@ -432,7 +433,7 @@ class NkiTensor:
         oob = (idx < 0) | (idx >= flat.size)
         other_axes = tuple(k for k in range(len(pattern)) if k != d)
         oob = np.broadcast_to(oob.any(axis=other_axes, keepdims=True), oob.shape) if other_axes else oob
-        return NkiTensor(None, self._s, self._dt, (idx, oob if oob.any() else None))
+        return NkiTensor(None, self._s, self._dt, (idx, oob if oob.any() else None, vector_offset))
 
 
 def allocate(shape, dtype, buffer, name: str = "", fill=None, site=None) -> NkiTensor:

@@ -15,34 +15,45 @@ tracks what the pad region holds:
 
 and, for integer tensors, an index *bound* (values at real positions index only the real region of a dim: `arange`).
 Graph inputs are padded with 0, so every padded input dim starts as ZERO (ids, attention masks and labels included:
-an attention mask padded with 0 masks the padded keys). Non-padded tensors (weights, constants) are assumed finite
-where a rule says so, never more.
+an attention mask padded with 0 masks the padded keys). Values of unpadded tensors (weights, real data) broadcast
+into a pad region are never assumed finite: they may be inf (an additive -inf mask is real data).
 
-| op family | rule over a padded dim |
+Rules, over a padded dim (`mask` = the analysis inserts `masked_fill(pad region, value)`; `refuse` = exact shapes):
+
+| op family | rule |
 |---|---|
-| element-wise (`Tag.pointwise`, casts) | always safe; the pad kind of the result is computed exactly when every padded operand holds a constant (0, -inf), else: integer/bool results FINITE, 0 * finite = 0, bounded ops keep FINITE, otherwise UNKNOWN |
-| views (view, reshape, squeeze, unsqueeze) | safe when the padded dim stays a dim, or is the outermost dim of a merge/split with static inner dims (its pad region stays a contiguous tail); any other merge is refused |
-| permute, transpose, expand, clone | dims follow the permutation; a broadcast to a padded size holds copies of real data (UNKNOWN) |
-| slice, narrow, select | constant start >= 0 is safe (reads start at real positions); a negative or size-dependent start on a padded dim is refused |
-| cat, stack, split | safe along unpadded dims; along a padded dim only when the last operand alone is padded; split/unbind along a padded dim refused |
-| constant_pad_nd | right padding of a padded dim: the fill is written after the *real* end (mask inserted) |
-| mm, bmm, addmm, baddbmm, mv, dot | a contraction over a padded dim is safe when one operand's pad is ZERO and the other's is ZERO or FINITE; otherwise the operands are masked to zero |
-| sum, any / amax, max, argmax, logsumexp / amin, min, argmin / prod, all | need the neutral pad (0, -inf, +inf, 1); masked to it when not proven |
-| mean | rewritten as masked sum / real element count |
-| var, std | refused over a padded dim |
-| softmax, log_softmax (and backward) | over a padded dim the input is masked to -inf (pad of the result: 0 / -inf); the backward's operands are masked to 0 |
-| attention (sdpa for CPU, fwd and bwd) | causal self-attention with both lengths padded by the same symbol is safe for real queries; otherwise the padded keys are masked with -inf. Padded keys/values are zeroed; in backward the padded queries' grad/out/lse are zeroed |
-| cumsum, cumprod, cummax, logcumsumexp | safe (right padding: a real position sees only real positions before it) |
-| sort, argsort, topk, kthvalue, median, mode, unique, nonzero | refused over a padded dim (padding would move into real positions) |
-| layer norm, batch norm (eval), convolution | safe when the normalised / convolved dims are unpadded; layer-norm backward masks its operands to 0 |
-| embedding / its backward | indices may be padded (pad 0 is a valid row); the backward masks padded gradient rows to 0 |
-| index, index_select, gather | reading along a padded dim requires an index bounded by that dim (arange-derived) |
+| element-wise (`Tag.pointwise`), casts | safe. Pad kind computed exactly when every padded operand holds a constant |
+|   | (0, -inf); else int/bool results FINITE, 0 * finite = 0, bounded ops (tanh, relu) keep FINITE, others UNKNOWN |
+| view, reshape, (un)squeeze | safe while the padded dim stays a dim; a merge with other dims is followed as a |
+|   | *merged* dim (padding interleaved), which only element-wise ops, matmul, reductions, softmax, norms |
+|   | and scatters may consume; a split must cut at factor boundaries |
+| permute, transpose, expand | dims follow; a broadcast to a padded size fills the pad with real data (UNKNOWN) |
+| slice, narrow, select | constant start >= 0: safe. Start counted from the end (`x[:, -1]`): refuse |
+| cat / split, unbind | along unpadded dims safe; along a padded dim only the last operand may be padded / refuse |
+| constant_pad_nd | right padding of a padded dim: the fill is moved to the real end (mask) |
+| mm, bmm, addmm, baddbmm, mv, dot | contraction safe when one operand's pad is ZERO and the other's ZERO or FINITE; |
+|   | else mask operands to 0 |
+| sum, any / amax, max, argmax, logsumexp | need the neutral pad 0 / -inf, else mask to it (+inf: min, 1: prod) |
+| mean | mask to 0, then sum / real element count |
+| var, std | refuse |
+| softmax, log_softmax | mask the input to -inf (pad of the result: 0 / -inf); backward: mask operands to 0 |
+| attention (SDPA fwd/bwd) | causal self-attention, both lengths padded by one symbol: safe for real queries. |
+|   | Else mask the padded keys with -inf. Padded keys/values zeroed; backward zeroes padded queries' grad/out/lse |
+| cumsum, cumprod, cummax | safe (right padding: a real position sees only earlier real positions); merged dim: refuse |
+| sort, argsort, topk, median, mode | refuse (padding would move into real positions) |
+| unique, nonzero, masked_select | refuse (the output size would count padding) |
+| layer norm, batch norm (eval), conv | safe when the normalised / convolved dims are unpadded; LN backward masks to 0 |
+| embedding (+ backward) | padded indices are valid rows (pad 0); backward masks padded gradient rows to 0 |
+| index, index_select, gather | along a padded dim only with an index bounded by that dim (derived from `arange`) |
 | nll_loss (fwd/bwd) | padded targets are set to `ignore_index` |
-| creation (full, zeros, arange, new_*) | pad kind from the fill value; `arange` start must not depend on a bucketed size |
-| scatter, index_put, slice_scatter, copy_ and every mutation | refused when padding is involved: a write at padded positions (e.g. into a KV cache) cannot be redirected safely here |
-| random ops (dropout, rand, bernoulli) | refused on padded shapes: the random stream would differ from the unpadded draw |
-| a bucketed size used as data (`x / s0`, `full(.., s0)`) | refused: the program would see the bucket size, not the real one |
-| anything else touching a padded tensor | refused, naming the op |
+| scatter, index_add, slice_scatter | along unpadded dims safe; slice_scatter along a padded dim restores the |
+|   | destination behind the real end; other writes along a padded dim (a KV cache) refuse |
+| index_put | accumulate: mask padded values to 0; overwrite: refuse |
+| mutations (copy_, add_, ...) | refuse when padding is involved (the caller would never see the padded copy) |
+| random (dropout, rand, bernoulli) | refuse on padded shapes (the random stream would differ) |
+| creation (full, zeros, arange) | pad kind from the fill value; `arange` start must not depend on a bucketed size |
+| a size used as data (`x / s0`) | a pointwise op gets the real size as a 0-d tensor; anywhere else: refuse |
+| anything else touching padding | refuse, naming the op |
 
 Masks compare `arange(bucket size)` against the real size, which the transformed graph receives as extra 0-d int64
 inputs (one per bucketed symbol, appended after the original inputs) so that one static program serves every real
@@ -179,6 +190,12 @@ def prove_padding(gm: fx.GraphModule, symbols: Sequence[sympy.Symbol]) -> Paddin
     )
 
 
+def graph_outputs(output: fx.Node) -> list:
+    """The values an output node returns, in order (None entries kept: AOTAutograd returns them)."""
+    values = output.args[0]
+    return list(values) if isinstance(values, (tuple, list)) else [values]
+
+
 def _exprs(node: fx.Node) -> list[sympy.Expr] | None:
     value = node.meta.get("val") if isinstance(node, fx.Node) else None
     if not isinstance(value, torch.Tensor):
@@ -299,7 +316,7 @@ class _Analysis:
         elif node.op == "output":
             self.output_factors = [
                 [d.parts if d is not None else None for d in self.tensor(out).dims] if self.tensor(out) else None
-                for out in torch.utils._pytree.tree_leaves(node.args[0])
+                for out in graph_outputs(node)
             ]
         elif node.op == "call_function":
             self._check_size_as_data(node)
@@ -919,16 +936,10 @@ def _split(self: _Analysis, node: fx.Node):
     dim = args.get("dim", 0) % len(state.dims)
     if state.dims[dim] is not None:
         self.refuse(node, "splitting along a padded dim would put padding inside the first pieces")
-    return self._unpadded_outputs_like(node, state, drop=dim if node.target.overloadpacket is aten.unbind else None)
-
-
-def _unpadded_outputs_like(self: _Analysis, node: fx.Node, state: TensorPad, drop: int | None):
-    dims = state.dims if drop is None else state.dims[:drop] + state.dims[drop + 1:]
-    values = node.meta.get("val")
-    return tuple(TensorPad(dims, state.bound) for _ in values)
-
-
-_Analysis._unpadded_outputs_like = _unpadded_outputs_like
+    if node.target.overloadpacket is aten.unbind:
+        kept = state.dims[:dim] + state.dims[dim + 1:]
+        return tuple(TensorPad(kept, state.bound) for _ in node.meta["val"])
+    return tuple(TensorPad(state.dims, state.bound) for _ in node.meta["val"])
 
 
 @_rule(aten.constant_pad_nd)
@@ -1031,6 +1042,8 @@ def _reduced_dims(args: dict, rank: int) -> list[int]:
 
 @_rule(*_NEUTRAL)
 def _reduction(self: _Analysis, node: fx.Node):
+    if node.target in (aten.max.other, aten.min.other):  # binary element-wise, not reductions
+        return self._elementwise(node)
     packet = node.target.overloadpacket
     source = node.args[0]
     state = self.tensor(source)
@@ -1413,5 +1426,7 @@ def _arange(self: _Analysis, node: fx.Node):
 
 # Rules that follow a merged padded dim (padding interleaved with real data) through their outputs; every other
 # rule refuses one, because its slicing/indexing reasoning assumes the pad region is a tail.
-_MERGE_AWARE = {_elementwise_untagged, _scatter, _index_put, _view, _permute, _expand, _matmul, _reduction, _scan, _sort, _softmax, _softmax_backward, _layer_norm,
-                _layer_norm_backward, _nll_loss}  # fmt: skip
+_MERGE_AWARE = {
+    _elementwise_untagged, _scatter, _index_put, _view, _permute, _expand, _matmul, _reduction, _scan, _sort, _softmax,
+    _softmax_backward, _layer_norm, _layer_norm_backward, _nll_loss,
+}  # fmt: skip

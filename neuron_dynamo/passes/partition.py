@@ -77,9 +77,13 @@ def fallback_reason(node: fx.Node, target: Target, eager_ops: Iterable[str] = ()
         return f"{FORCED_EAGER} (eager_ops)"
     if lowering_for(node.target) is None:
         return f"{UNSUPPORTED_OP} (no lowering registered)"
-    if kernel_for(node.target, target.name) is None:
+    kernel = kernel_for(node.target, target.name)
+    if kernel is None:
         return f"{UNSUPPORTED_OP} (no {target.name} kernel yet)"
-    return target.supports(node)
+    refusal = target.supports(node) or kernel.refusal(node)  # the target's dtype check, then the kernel's own
+    if refusal is None or refusal.startswith(UNSUPPORTED_DTYPE):
+        return refusal
+    return f"{UNSUPPORTED_OP} ({refusal})"
 
 
 class _RegistrySupport(OperatorSupportBase):

@@ -83,3 +83,43 @@ def specialize(gm: fx.GraphModule, values: Mapping[sympy.Symbol, int]) -> Static
 def _show(values: Mapping[sympy.Symbol, int]) -> str:
     return ", ".join(f"{symbol}={value}" for symbol, value in sorted(values.items(), key=lambda kv: str(kv[0])))
 
+
+
+def is_length_dim(value: torch.Tensor, dim: int) -> bool:
+    """Where a static graph's length lives: the last dim of an integer/bool input of rank 1 or 2 (token ids,
+    attention masks, labels, positions). Float inputs and weights keep their sizes."""
+    integral = value.dtype == torch.bool or not value.dtype.is_floating_point and not value.dtype.is_complex
+    return integral and value.dim() in (1, 2) and dim == value.dim() - 1 and value.shape[dim] >= 2
+
+
+def generalize(gm: fx.GraphModule) -> fx.GraphModule | None:
+    """`gm` (static) retraced with its length dims symbolic, or None when the graph fixes those sizes itself.
+
+    Inputs of equal length share one symbol (duck sizing). A graph that bakes a length into an op (a `view` to a
+    constant shape, as Dynamo records for `dynamic=False` code that reads `x.shape`) specialises the symbol back to
+    a constant, and is reported as not generalisable.
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+    values = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
+    if not all(isinstance(v, torch.Tensor) for v in values):
+        return None
+    if not any(is_length_dim(v, d) for v in values for d in range(v.dim())):
+        return None
+    mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True)
+    fakes = []
+    for value in values:
+        dims = [DimDynamic.DUCK if is_length_dim(value, d) else DimDynamic.STATIC for d in range(value.dim())]
+        real = torch.empty(value.shape, dtype=value.dtype, device=value.device)
+        fakes.append(mode.from_tensor(real, symbolic_context=StatelessSymbolicContext(dynamic_sizes=dims)))
+    try:
+        with mode, torch.no_grad():
+            symbolic = make_fx(fx.Interpreter(gm).run, tracing_mode="real")(*fakes)
+    except Exception:  # an op that cannot be traced with symbolic sizes: keep the static graph
+        return None
+    placeholders = [n.meta.get("val") for n in symbolic.graph.nodes if n.op == "placeholder"]
+    sizes = [s.node.expr for v in placeholders for s in v.shape if isinstance(s, torch.SymInt)]
+    if not any(mode.shape_env.replace(expr).free_symbols for expr in sizes):
+        return None  # every length was specialised back to a constant by the graph itself
+    return symbolic

@@ -76,6 +76,10 @@ class InProcessTarget:
         return None
 
     def compile_region(self, lowered_region: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+        if self.name == "simulator":
+            from neuron_dynamo.toolchain.simulator import compile_for_simulator
+
+            return compile_for_simulator(lowered_region, example_inputs)
         return lowered_region
 
 

@@ -533,6 +533,10 @@ def test_registers_drive_loops():
         assert r2 * 2 + 1 == 11 and 20 - r2 == 15 and r2 < 6
         row = nl.load(n.reshape((1, 1))[0:1, nl.ds(r2 - 5, 1)])  # registers work as slice bounds
         nisa.tensor_tensor(dst=total, data1=total, data2=row, op=nl.add)
+        wide = nl.zeros((1, 8), dtype=nl.float32)
+        one = nl.ones((1, 1), dtype=nl.float32)
+        nisa.tensor_copy_dynamic_dst(dst=wide[:, nl.ds(r2, 1)], src=one)
+        nisa.tensor_copy_dynamic_src(dst=total, src=wide[:, nl.ds(r2, 1)])  # total = 1
         out = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.shared_hbm)
         nisa.register_store(out, r2)
         o2 = _out((1, 1))
@@ -540,7 +544,7 @@ def test_registers_drive_loops():
         return out, o2
 
     out, total = run(k, np.array([[4]], np.int32))
-    assert out[0, 0] == 5 and total[0, 0] == 8
+    assert out[0, 0] == 5 and total[0, 0] == 1
 
 
 def test_dma_compute_sums_sources():
@@ -575,3 +579,17 @@ def test_auto_accumulation_groups_close_only_where_psum_is_read():
     np.testing.assert_allclose(first, ref, rtol=1e-5)
     np.testing.assert_allclose(both[:, 0], ref, rtol=1e-5)
     np.testing.assert_allclose(both[:, 1], 2 * ref, rtol=1e-5)
+
+
+def test_nc_matmul_multi_dim_operands_flatten_free_dims():
+    s, m = rand((16, 2, 4), seed=1), rand((16, 3, 5), seed=2)
+
+    def k(s, m):
+        ps = nl.ndarray((8, 3, 5), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(ps, nl.load(s), nl.load(m))
+        out = _out((8, 3, 5))
+        nl.store(out, nl.copy(ps))
+        return out
+
+    got = run(k, s, m)
+    np.testing.assert_allclose(got.reshape(8, 15), s.reshape(16, 8).T @ m.reshape(16, 15), rtol=1e-5)

@@ -78,7 +78,21 @@ def test_unary_ops(name, ref):
     def k(x):
         return _store(getattr(nl, name)(nl.load(x)))
 
-    np.testing.assert_allclose(run(k, x), ref(x.astype(np.float64)), rtol=2e-6, atol=1e-7)
+    np.testing.assert_allclose(run(k, x), ref(x.astype(np.float64)), rtol=2e-6, atol=1e-6)
+
+
+def test_nl_sin_cos_reduce_the_argument_range(caplog):
+    x = np.array([[-20.0, -3.5, 0.0, 2.0, 9.0, 100.0]], np.float32)
+
+    def k(x):
+        t = nl.load(x)
+        return _store(nl.sin(t)), _store(nl.cos(t))
+
+    with caplog.at_level("WARNING", logger="neuron_dynamo.nki"):
+        s, c = run(k, x)
+    np.testing.assert_allclose(s, np.sin(x.astype(np.float64)), atol=1e-5)
+    np.testing.assert_allclose(c, np.cos(x.astype(np.float64)), atol=1e-5)
+    assert not [r for r in caplog.records if "valid ScalarE range" in r.getMessage()]
 
 
 def test_invert_bitwise_on_ints():

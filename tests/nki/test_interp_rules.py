@@ -497,3 +497,17 @@ def test_reading_unwritten_memory_is_logged_once(caplog):
     assert np.isnan(got).all()
     warnings = [r.getMessage() for r in caplog.records if "nothing has written" in r.getMessage()]
     assert len(warnings) == 1 and "scratch" in warnings[0] and __file__ in warnings[0]
+
+
+def test_activation_inputs_outside_the_scalar_engine_range_are_logged(caplog):
+    def k(a):
+        t = nl.load(a)
+        y = sb((2, 4))
+        for _ in range(2):
+            nisa.activation(y, op=nl.sin, data=t)  # no range reduction on hardware
+        nisa.activation(y, op=nl.exp, data=t)  # exp is valid everywhere
+
+    with caplog.at_level("WARNING", logger="neuron_dynamo.nki"):
+        run(k, np.array([[0.0, 1.0, 9.0, -1.0], [2.0, 3.0, 0.5, 0.0]], np.float32))
+    messages = [r.getMessage() for r in caplog.records if "valid ScalarE range" in r.getMessage()]
+    assert len(messages) == 1 and "activation sin" in messages[0] and "[-1, 9]" in messages[0]

@@ -59,7 +59,8 @@ def _tensor_inputs_only(gm):
         if not isinstance(value, torch.SymInt):
             continue
         source, dim = next(
-            (t, d) for t in tensors for d, size in enumerate(t.meta["val"].shape) if size.node.expr == value.node.expr
+            (t, d) for t in tensors for d, size in enumerate(t.meta["val"].shape)
+            if isinstance(size, torch.SymInt) and size.node.expr == value.node.expr
         )
         with gm.graph.inserting_after(tensors[-1]):
             size = gm.graph.call_function(torch.ops.aten.sym_size.int, (source, dim))

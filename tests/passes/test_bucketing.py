@@ -76,7 +76,8 @@ def test_bucket_is_the_smallest_allowed_size_that_fits(size, policy, multiple):
 
 
 def test_plan_reads_each_symbol_from_the_inputs_and_uses_the_dim_override():
-    gm = symbolic_graph(lambda x, m: x * m.unsqueeze(-1), [torch.randn(2, 7, 4), torch.ones(2, 7)], {0: [0, 1], 1: [0, 1]})
+    inputs = [torch.randn(2, 7, 4), torch.ones(2, 7)]
+    gm = symbolic_graph(lambda x, m: x * m.unsqueeze(-1), inputs, {0: [0, 1], 1: [0, 1]})
     values = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
     plan = plan_buckets(values, BucketConfig.from_options(per_dim={0: "pow2"}))
     batch, length = (values[0].shape[0].node.expr, values[0].shape[1].node.expr)

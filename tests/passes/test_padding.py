@@ -55,7 +55,7 @@ def _masked_mean(x, mask):
     return (x * weights).sum(1) / weights.sum(1).clamp(min=1)
 
 
-def _shifted_loss(logits, labels):
+def _shifted_loss(labels, logits):
     labels = F.pad(labels, (0, 1), value=-100)[..., 1:]
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100)
 
@@ -95,7 +95,7 @@ ACCEPTED = {
     ),
     "shifted_loss": (
         _shifted_loss,
-        [lambda n, g: torch.randn(1, n, 11, generator=g), lambda n, g: torch.randint(0, 11, (1, n), generator=g)],
+        [lambda n, g: torch.randint(0, 11, (1, n), generator=g), lambda n, g: torch.randn(1, n, 11, generator=g)],
         {0: [1], 1: [1]},
     ),
     "prefix_token": (_prefix_token, [_seq()], {0: [1]}),
@@ -195,12 +195,26 @@ def test_input_mutation_and_random_ops_are_refused():
     assert not proof.safe and "random" in proof.reason
 
 
-def test_zero_padded_contraction_needs_no_mask_and_softmax_gets_one():
-    gram = prove_padding(_graph("gram"), _bucketed("gram", 16).plan.symbols)
-    assert not any("contraction" in m for m in gram.masks)  # layer norm of zero rows is finite... but not proven 0
-    softmax = prove_padding(_graph("softmax_mean"), _bucketed("softmax_mean", 16).plan.symbols)
-    assert any("softmax over a padded dim" in m for m in softmax.masks)
-    assert any("mean over a padded dim" in m for m in softmax.masks) is False or True
+def _proof(fn, inputs, dynamic, dim=1):
+    gm = symbolic_graph(fn, inputs, dynamic)
+    symbol = next(n for n in gm.graph.nodes if n.op == "placeholder").meta["val"].shape[dim].node.expr
+    return prove_padding(gm, [symbol])
+
+
+def test_contraction_masks_only_operands_not_proven_zero():
+    x = torch.randn(2, 5, H)
+    zero_padded = _proof(lambda x: x.transpose(-1, -2) @ x, [x], {0: [1]})  # inputs are padded with 0
+    assert zero_padded.safe and not zero_padded.masks
+    garbage = _proof(lambda x: x.exp().transpose(-1, -2) @ x.exp(), [x], {0: [1]})  # exp(0) = 1 in the pad
+    assert garbage.safe and any("contraction" in m for m in garbage.masks)
+
+
+def test_softmax_and_reductions_insert_masks_only_where_the_pad_is_not_neutral():
+    x = torch.randn(2, 5)
+    assert not _proof(lambda x: x.sum(1), [x], {0: [1]}).masks  # zero pad is neutral for sum
+    assert any("amax" in m for m in _proof(lambda x: x.amax(1), [x], {0: [1]}).masks)
+    softmax_then_sum = _proof(lambda x: torch.softmax(x, 1).sum(1), [x], {0: [1]})
+    assert [m.split(": ", 1)[1] for m in softmax_then_sum.masks] == ["softmax over a padded dim: pad set to -inf"]
 
 
 def test_causal_self_attention_needs_no_key_mask_but_plain_attention_does():

@@ -50,3 +50,13 @@ def test_softmax_long_rows_take_two_passes(log):
 def test_softmax_keeps_leading_dims():
     x = randn(2, 3, 5, 40, dtype=torch.bfloat16, seed=9)
     assert_close(softmax_kernel(x), reference(x, None, 1.0, False), torch.bfloat16)
+
+
+def test_softmax_with_infinite_mask():
+    x = randn(5, 300, seed=11)
+    mask = torch.zeros(5, 300)
+    mask[:, 100:] = float("-inf")
+    assert_close(softmax_kernel(x, mask, 0.5), reference(x, mask, 0.5, False), torch.float32)
+    out, ref = log_softmax_kernel(x, mask, 0.5), reference(x, mask, 0.5, True)
+    assert_close(out[:, :100], ref[:, :100], torch.float32)
+    assert torch.isneginf(out[:, 100:]).all()

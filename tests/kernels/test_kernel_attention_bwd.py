@@ -5,7 +5,7 @@ import torch
 from kernel_checks import DTYPES, assert_close, randn
 from neuron_dynamo.kernels.attention import attention_kernel
 from neuron_dynamo.kernels.attention_bwd import attention_backward_kernel
-from test_attention import qkv, reference
+from test_kernel_attention import qkv, reference
 
 
 def torch_grads(q, k, v, dout, mask, causal, scale):

@@ -72,3 +72,12 @@ def test_matmul_long_k_goes_through_partial_sums():
 def test_matmul_wide_n_spans_several_blocks():
     a, b = randn(128, 128, dtype=torch.bfloat16, seed=11), randn(128, 2100, dtype=torch.bfloat16, seed=12)
     assert_close(matmul_kernel(a, b), reference(a, b), torch.bfloat16)
+
+
+def test_matmul_full_size_tiles_fit_on_chip():
+    """The largest tiles the kernel uses (a 4096 x 2048 bf16 B block resident, four PSUM banks of accumulators,
+    double-buffered A strips) pass the interpreter's SBUF/PSUM capacity checks."""
+    a, b = randn(256, 4096, dtype=torch.bfloat16, seed=13), randn(4096, 2048, dtype=torch.bfloat16, seed=14)
+    out, profile = matmul_kernel.profile(a, b)
+    assert_close(out, reference(a, b), torch.bfloat16)
+    assert profile.instructions["nc_matmul"] == 2 * 32 * 4  # M tiles x K tiles x PSUM banks

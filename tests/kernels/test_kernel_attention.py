@@ -57,7 +57,7 @@ def test_long_keys_span_several_blocks():
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_additive_mask_broadcast_over_heads(dtype):
     q, k, v = qkv(2, 2, 1, 128, 256, 32, dtype)
-    mask = torch.where(randn(2, 1, 128, 256, seed=4) > 1.0, -1e9, 0.0).to(dtype)
+    mask = torch.where(randn(2, 1, 128, 256, seed=4) > 1.0, float("-inf"), 0.0).to(dtype)
     check(attention_kernel(q, k, v, mask, False, 0.2), reference(q, k, v, mask, False, 0.2), dtype)
 
 
@@ -84,12 +84,17 @@ def test_decode_with_per_head_mask():
     extra_keys=st.sampled_from([0, 128]),
     d=st.sampled_from([16, 64, 128]),
     causal=st.booleans(),
+    padded=st.booleans(),
     dtype=st.sampled_from(DTYPES),
 )
-def test_forward_shapes(kv_heads, group, sq, extra_keys, d, causal, dtype):
-    q, k, v = qkv(2, kv_heads * group, kv_heads, sq, sq + extra_keys, d, dtype)
+def test_forward_shapes(kv_heads, group, sq, extra_keys, d, causal, padded, dtype):
+    """Prefill shapes; `padded` adds a valid length per batch entry, as for right-padded bucketed inputs."""
+    sk = sq + extra_keys
+    q, k, v = qkv(2, kv_heads * group, kv_heads, sq, sk, d, dtype)
+    kv_len = torch.tensor([sk, sk - 37], dtype=torch.int32) if padded else None
     scale = d**-0.5
-    check(attention_kernel(q, k, v, None, causal, scale), reference(q, k, v, None, causal, scale), dtype)
+    got = attention_kernel(q, k, v, None, causal, scale, kv_len)
+    check(got, reference(q, k, v, None, causal, scale, kv_len), dtype)
 
 
 @settings(max_examples=6, deadline=None)
@@ -99,3 +104,10 @@ def test_decode_shapes(group, sk, d, dtype):
     q, k, v = qkv(1, 2 * group, 2, 1, sk, d, dtype)
     kv_len = torch.tensor([max(1, sk // 2)], dtype=torch.int32)
     check(attention_kernel(q, k, v, None, True, 0.1, kv_len), reference(q, k, v, None, True, 0.1, kv_len), dtype)
+
+
+def test_causal_prefill_at_benchmark_tiling():
+    """A sequence of 2560 keys: full 2048-key blocks, a partial one, DMA and TensorE transposes of P."""
+    q, k, v = qkv(1, 2, 1, 2560, 2560, 128, torch.bfloat16)
+    scale = 128**-0.5
+    check(attention_kernel(q, k, v, None, True, scale), reference(q, k, v, None, True, scale), torch.bfloat16)

@@ -29,6 +29,8 @@ CASES = [
     (lambda: attention_kernel(*[torch.randn(1, 1, 100, 64)] * 3), "pad to a multiple of 128"),
     (lambda: attention_kernel(*[torch.randn(1, 1, 128, 192)] * 3), "head_dim 192 > 128"),
     (lambda: attention_kernel(torch.randn(1, 3, 128, 64), *[torch.randn(1, 2, 128, 64)] * 2), "must divide"),
+    (lambda: attention_kernel(torch.randn(1, 1, 256, 64), *[torch.randn(1, 1, 128, 64)] * 2, None, True),
+     "at least as many keys as queries"),
 ]
 
 

@@ -1,0 +1,374 @@
+"""The NKI code generator: fused element-wise chains and reductions as NKI 0.6 kernel source.
+
+Library kernels cover the heavy, structured ops; everything between them (residual adds, scalings, masks, casts,
+activation derivatives, statistics) becomes generated kernels. A *fused group* is a DAG of element-wise aten ops
+over one output shape: its inputs are loaded into SBUF once per tile, every op of the chain runs on the tile, and
+only the values the rest of the graph needs are stored, so data stays in SBUF between the fused ops.
+
+The generator writes real NKI source (`import nki`, `nki.language as nl`), which the interpreter runs and the
+real toolchain compiles. A kernel's source depends on the ops, constants and dtypes only, never on shapes or
+values: shapes are runtime arguments, so one generated kernel serves every shape, and kernels are cached by source.
+
+Layout (the planner for element-wise work): element-wise ops ignore the logical shape, so a group whose size is a
+multiple of 128 is walked as [128, size/128] (every partition busy, long DMA rows), anything else as
+[rows, last dim] with a ragged last row tile. Reductions put the kept dims on partitions and the reduced dims
+along the free axis (`plan_reduction`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import linecache
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from neuron_dynamo.errors import NeuronDynamoError
+
+PMAX = 128
+COLS = 512  # free-dim chunk of a tile: small enough that long chains keep every temporary in SBUF at once
+
+# torch dtype → the NKI dtype that stores it on device (int64 indices narrow to int32, bool is a 0/1 byte)
+NKI_DTYPES = {
+    torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16", torch.int32: "int32",
+    torch.int64: "int32", torch.int16: "int16", torch.int8: "int8", torch.uint8: "uint8", torch.bool: "uint8",
+}
+INT32_RANGE = (-(2**31), 2**31 - 1)
+
+
+class CodegenError(NeuronDynamoError):
+    """An op or dtype the NKI code generator cannot express."""
+
+
+def nki_dtype(dtype: torch.dtype) -> str:
+    try:
+        return NKI_DTYPES[dtype]
+    except KeyError:
+        raise CodegenError(f"dtype {dtype} has no NKI storage type; cast it to float32 first") from None
+
+
+def to_device(t: torch.Tensor) -> torch.Tensor:
+    """The tensor as the device stores it: int64 narrowed to int32 (checked), bool as 0/1 bytes."""
+    if t.dtype == torch.int64:
+        if t.numel() and (t.min() < INT32_RANGE[0] or t.max() > INT32_RANGE[1]):
+            raise CodegenError("an int64 tensor holds values outside int32, which NKI cannot store")
+        return t.to(torch.int32)
+    if t.dtype == torch.bool:
+        return t.to(torch.uint8)
+    return t
+
+
+def from_device(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Back from device storage to the dtype the graph expects (a kernel called without tensors returns NumPy)."""
+    if not isinstance(t, torch.Tensor):
+        t = torch.from_numpy(t.view(np.int16)).view(torch.bfloat16) if t.dtype.name == "bfloat16" else (
+            torch.from_numpy(t))
+    return t if t.dtype == dtype else t.to(dtype)
+
+
+# ------------------------------------------------------------------------------------------------ the fused-group IR
+@dataclasses.dataclass(frozen=True)
+class Ref:
+    """An operand of a step: group input `index` (kind "in") or the result of step `index` (kind "step")."""
+
+    kind: str
+    index: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One element-wise aten op of a group; args hold `Ref`s and Python constants."""
+
+    op: Any
+    args: tuple
+    kwargs: tuple  # sorted (name, value) pairs
+    dtype: torch.dtype
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupSpec:
+    """A fused group: input dtypes, steps in order, the step results it returns."""
+
+    inputs: tuple[torch.dtype, ...]
+    steps: tuple[Step, ...]
+    outputs: tuple[int, ...]
+
+
+class Tile:
+    """A value in SBUF during code generation: its variable name and NKI dtype."""
+
+    def __init__(self, name: str, dtype: str) -> None:
+        self.name = name
+        self.dtype = dtype
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+class Emitter:
+    """Collects the body lines of one tile iteration; `call` adds `vN = fn(args)` and returns the new tile."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self._count = 0
+
+    def call(self, fn: str, *args: Any, dtype: str, **kwargs: Any) -> Tile:
+        name = f"v{self._count}"
+        self._count += 1
+        rendered = [_literal(a) for a in args] + [f"{k}={_literal(v)}" for k, v in kwargs.items()]
+        self.lines.append(f"{name} = {fn}({', '.join(rendered)}, dtype=nl.{dtype})")
+        return Tile(name, dtype)
+
+
+    def alloc(self, dtype: str) -> Tile:
+        """A fresh SBUF tile of the current tile's shape, for ISA calls that write a `dst`."""
+        name = f"v{self._count}"
+        self._count += 1
+        self.lines.append(f"{name} = nl.ndarray((pr, cc), dtype=nl.{dtype}, buffer=nl.sbuf)")
+        return Tile(name, dtype)
+
+    def raw(self, line: str) -> None:
+        self.lines.append(line)
+
+
+def typed_constant(value: Any, dtype: str) -> float | int:
+    """A Python constant of the kind a memset of `dtype` takes (floats for float tiles, ints otherwise)."""
+    return float(value) if dtype.startswith(("float", "bfloat")) else int(value)
+
+
+def _literal(value: Any) -> str:
+    if isinstance(value, Tile):
+        return value.name
+    if isinstance(value, bool):
+        return "1.0" if value else "0.0"
+    if isinstance(value, float):
+        if math.isinf(value):
+            return "-3.0e38" if value < 0 else "3.0e38"  # engines take finite immediates
+        return repr(value)
+    if isinstance(value, int):
+        return repr(value)
+    if isinstance(value, str):
+        return value
+    raise CodegenError(f"cannot embed {value!r} in NKI source")
+
+
+# An element-wise op's emitter: (emitter, out dtype, *operands, **kwargs) -> Tile (operands: Tiles or constants).
+ElementwiseEmitter = Callable[..., Tile]
+EMITTERS: dict[Any, ElementwiseEmitter] = {}
+
+
+def emits(*ops: Any) -> Callable[[ElementwiseEmitter], ElementwiseEmitter]:
+    """Register the NKI emitter of the element-wise ops `ops` (packets)."""
+
+    def register(fn: ElementwiseEmitter) -> ElementwiseEmitter:
+        for op in ops:
+            EMITTERS[op] = fn
+        return fn
+
+    return register
+
+
+def emitter_for(op: Any) -> ElementwiseEmitter | None:
+    packet = getattr(op, "overloadpacket", op)
+    return EMITTERS.get(packet)
+
+
+# ------------------------------------------------------------------------------------------------ source generation
+_HEADER = "import nki\nimport nki.isa as nisa\nimport nki.language as nl\n\n"
+
+
+def elementwise_source(spec: GroupSpec, name: str) -> str:
+    """The NKI source of a fused group: `kernel(in0, ..., rows, cols) -> out0, ...` over [rows, cols] views."""
+    params = [f"in{i}" for i in range(len(spec.inputs))]
+    out_dtypes = [nki_dtype(spec.steps[i].dtype) for i in spec.outputs]
+    emitter = Emitter()
+    values: dict[int, Tile] = {}
+    loads: list[str] = []
+    inputs: dict[int, Tile] = {}
+
+    def operand(arg: Any) -> Any:
+        if isinstance(arg, Ref):
+            if arg.kind == "in":
+                if arg.index not in inputs:
+                    tile = Tile(f"t{arg.index}", nki_dtype(spec.inputs[arg.index]))
+                    loads.append(f"t{arg.index} = nl.load(in{arg.index}[r0:r0 + pr, c0:c0 + cc])")
+                    inputs[arg.index] = tile
+                return inputs[arg.index]
+            return values[arg.index]
+        if isinstance(arg, (list, tuple)):
+            return type(arg)(operand(a) for a in arg)
+        return arg
+
+    for index, step in enumerate(spec.steps):
+        emit = emitter_for(step.op)
+        if emit is None:
+            raise CodegenError(f"no NKI emitter for {step.op}")
+        args = [operand(a) for a in step.args]
+        kwargs = {k: operand(v) for k, v in step.kwargs}
+        result = emit(emitter, nki_dtype(step.dtype), *args, **kwargs)
+        values[index] = _as_tile(emitter, result, nki_dtype(step.dtype))
+
+    lines = [_HEADER, "@nki.jit", f"def {name}({', '.join([*params, 'rows', 'cols'])}):"]
+    outs = [f"out{k}" for k in range(len(spec.outputs))]
+    for out, dtype in zip(outs, out_dtypes, strict=True):
+        lines.append(f"    {out} = nl.ndarray((rows, cols), dtype=nl.{dtype}, buffer=nl.shared_hbm)")
+    lines += [
+        f"    for r0 in range(0, rows, {PMAX}):",
+        f"        pr = min({PMAX}, rows - r0)",
+        f"        for c0 in range(0, cols, {COLS}):",
+        f"            cc = min({COLS}, cols - c0)",
+    ]
+    body = loads + emitter.lines
+    for out, index in zip(outs, spec.outputs, strict=True):
+        tile = values[index]
+        body.append(f"nl.store({out}[r0:r0 + pr, c0:c0 + cc], value={tile.name})")
+    lines += [f"            {line}" for line in body]
+    lines.append(f"    return {', '.join(outs)}{',' if len(outs) == 1 else ''}")
+    return "\n".join(lines) + "\n"
+
+
+def _as_tile(emitter: Emitter, value: Any, dtype: str) -> Tile:
+    """A step result as a tile of its dtype (an emitter may return an operand or a constant unchanged)."""
+    if isinstance(value, Tile):
+        return value if value.dtype == dtype else emitter.call("nl.copy", value, dtype=dtype)
+    raise CodegenError("an element-wise step produced no tile (all of its operands are constants)")
+
+
+@functools.cache
+def compile_source(source: str, name: str) -> Any:
+    """Execute generated NKI source once and return its kernel (kept in linecache so errors show the line)."""
+    from neuron_dynamo.nki import make_importable
+
+    make_importable()
+    filename = f"<nki-generated {name} {hashlib.sha1(source.encode()).hexdigest()[:10]}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    namespace: dict[str, Any] = {"__name__": f"neuron_dynamo.generated.{name}"}
+    exec(compile(source, filename, "exec"), namespace)  # noqa: S102 - our own generated kernel source
+    return namespace[name]
+
+
+def source_name(prefix: str, key: str) -> str:
+    return f"{prefix}_{hashlib.sha1(key.encode()).hexdigest()[:10]}"
+
+
+# ------------------------------------------------------------------------------------------------ layout planning
+def plan_elementwise(shape: Sequence[int]) -> tuple[int, int]:
+    """The [rows, cols] view of a group: [128, n/128] when n divides, else [n/last, last]."""
+    numel = math.prod(shape)
+    if numel % PMAX == 0 and numel >= PMAX:
+        return PMAX, numel // PMAX
+    last = shape[-1] if len(shape) and shape[-1] > 0 else 1
+    return numel // last, last
+
+
+def plan_reduction(shape: Sequence[int], dims: Sequence[int]) -> tuple[list[int], int, int]:
+    """A permutation putting the kept dims first (on partitions) and the reduced dims last, and [rows, cols]."""
+    rank = len(shape)
+    reduced = sorted({d % rank for d in dims}) if rank else []
+    kept = [d for d in range(rank) if d not in reduced]
+    rows = math.prod(shape[d] for d in kept)
+    cols = math.prod(shape[d] for d in reduced)
+    return kept + reduced, rows, cols
+
+
+# ------------------------------------------------------------------------------------------------ reductions
+REDUCE_OPS = {"sum": ("nl.sum", "nl.add"), "mean": ("nl.sum", "nl.add"), "amax": ("nl.max", "nl.maximum"),
+              "amin": ("nl.min", "nl.minimum")}
+
+
+def reduction_source(kind: str, in_dtype: str, out_dtype: str, name: str) -> str:
+    """`kernel(x [rows, cols], rows, cols) -> out [rows, 1]`: reduce the free axis chunk by chunk in fp32."""
+    reduce_fn, combine = REDUCE_OPS[kind]
+    acc = "float32" if in_dtype.startswith(("float", "bfloat")) or kind in ("sum", "mean") else in_dtype
+    finish = "            acc = nl.multiply(acc, 1.0 / cols, dtype=nl.float32)\n" if kind == "mean" else ""
+    return (
+        f"{_HEADER}@nki.jit\ndef {name}(x, rows, cols):\n"
+        f"    out = nl.ndarray((rows, 1), dtype=nl.{out_dtype}, buffer=nl.shared_hbm)\n"
+        f"    for r0 in range(0, rows, {PMAX}):\n"
+        f"        pr = min({PMAX}, rows - r0)\n"
+        f"        acc = None\n"
+        f"        for c0 in range(0, cols, {COLS}):\n"
+        f"            cc = min({COLS}, cols - c0)\n"
+        f"            t = nl.load(x[r0:r0 + pr, c0:c0 + cc])\n"
+        f"            part = {reduce_fn}(t, axis=1, dtype=nl.{acc}, keepdims=True)\n"
+        f"            acc = part if c0 == 0 else {combine}(acc, part, dtype=nl.{acc})\n"
+        f"        if cols > 0:\n{finish}"
+        f"            nl.store(out[r0:r0 + pr, 0:1], value=nl.copy(acc, dtype=nl.{out_dtype}))\n"
+        f"    return out\n"
+    )
+
+
+# ------------------------------------------------------------------------------------------------ row kernels
+ROW_COLS = 8192  # a row kernel holds whole rows in SBUF: [128, 8192] fp32 is 32 KiB per partition
+
+
+def row_source(kind: str, dtype: str, name: str) -> str:
+    """Kernels that need a whole row at once (a row statistic broadcast back over the row), rows on partitions.
+
+    `softmax_backward(grad, y)`:      y · (grad - Σ grad·y)
+    `log_softmax_backward(grad, y)`:  grad - exp(y) · Σ grad
+    `row_moments(x)`:                 (mean, 1/sqrt(var + eps)) per row, fp32 [rows, 1] each
+    """
+    f32 = "nl.float32"
+    head = [_HEADER, "@nki.jit"]
+    if kind == "row_moments":
+        head.append(f"def {name}(x, rows, cols, eps):")
+        head.append(f"    mean_out = nl.ndarray((rows, 1), dtype={f32}, buffer=nl.shared_hbm)")
+        head.append(f"    rstd_out = nl.ndarray((rows, 1), dtype={f32}, buffer=nl.shared_hbm)")
+    else:
+        head.append(f"def {name}(grad, y, rows, cols):")
+        head.append(f"    out = nl.ndarray((rows, cols), dtype=nl.{dtype}, buffer=nl.shared_hbm)")
+    head += [f"    for r0 in range(0, rows, {PMAX}):", f"        pr = min({PMAX}, rows - r0)"]
+    if kind == "row_moments":
+        body = [
+            "t = nl.load(x[r0:r0 + pr, 0:cols], dtype=nl.float32)",
+            f"mean = nl.multiply(nl.sum(t, axis=1, keepdims=True, dtype={f32}), 1.0 / cols, dtype={f32})",
+            f"centred = nl.ndarray((pr, cols), dtype={f32}, buffer=nl.sbuf)",
+            "nisa.tensor_scalar(dst=centred, data=t, op0=nl.subtract, operand0=mean)",
+            f"var = nl.multiply(nl.sum(nl.square(centred, dtype={f32}), axis=1, keepdims=True, dtype={f32}), "
+            f"1.0 / cols, dtype={f32})",
+            f"rstd = nl.rsqrt(nl.add(var, eps, dtype={f32}), dtype={f32})",
+            "nl.store(mean_out[r0:r0 + pr, 0:1], value=mean)",
+            "nl.store(rstd_out[r0:r0 + pr, 0:1], value=rstd)",
+        ]
+        tail = ["    return mean_out, rstd_out"]
+    else:
+        body = [
+            "g = nl.load(grad[r0:r0 + pr, 0:cols], dtype=nl.float32)",
+            "yt = nl.load(y[r0:r0 + pr, 0:cols], dtype=nl.float32)",
+            f"res = nl.ndarray((pr, cols), dtype={f32}, buffer=nl.sbuf)",
+        ]
+        if kind == "softmax_backward":
+            body += [
+                f"s = nl.sum(nl.multiply(g, yt, dtype={f32}), axis=1, keepdims=True, dtype={f32})",
+                "nisa.tensor_scalar(dst=res, data=g, op0=nl.subtract, operand0=s)",
+                f"res = nl.multiply(res, yt, dtype={f32})",
+            ]
+        else:
+            body += [
+                f"s = nl.sum(g, axis=1, keepdims=True, dtype={f32})",
+                f"nisa.tensor_scalar(dst=res, data=nl.exp(yt, dtype={f32}), op0=nl.multiply, operand0=s)",
+                f"res = nl.subtract(g, res, dtype={f32})",
+            ]
+        body.append(f"nl.store(out[r0:r0 + pr, 0:cols], value=nl.copy(res, dtype=nl.{dtype}))")
+        tail = ["    return out"]
+    return "\n".join(head + [f"        {line}" for line in body] + tail) + "\n"
+
+
+def run_row_kernel(kind: str, *tensors: torch.Tensor, extra: tuple = ()) -> Any:
+    """Run a row kernel on [rows, last dim] views of `tensors` (the dim it works on must be the last)."""
+    from neuron_dynamo.toolchain.simulator import launch
+
+    first = tensors[0]
+    cols = first.shape[-1] if first.dim() else 1
+    rows = first.numel() // max(cols, 1)
+    dtype = nki_dtype(first.dtype)
+    name = source_name(kind, dtype)
+    kernel = compile_source(row_source(kind, dtype, name), name)
+    views = [t.contiguous().reshape(rows, cols) for t in tensors]
+    return launch(kernel, *views, rows, cols, *extra)

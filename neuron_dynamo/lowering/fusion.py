@@ -1,0 +1,148 @@
+"""Region lowering for the NKI targets: fuse element-wise chains into generated kernels, call kernels for the rest.
+
+Walking the region in graph order, element-wise and creation nodes of one output shape join the open *group*; a
+node that reads a group member closes it (so the group never waits on something that waits on it), and so does an
+element-wise node of another shape. Nodes that are independent of the open group are emitted as they come, before
+the group's kernel call. Each closed group becomes one `FusedKernel` (generated NKI source) returning the members
+the rest of the graph reads; every other node calls its op's kernel for the target.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from neuron_dynamo.lowering import codegen
+from neuron_dynamo.lowering.codegen import GroupSpec, Ref, Step
+from neuron_dynamo.lowering.registry import kernel_for, lowering_for
+from neuron_dynamo.toolchain.simulator import launch
+
+FUSED_FAMILIES = frozenset({"elementwise", "creation"})
+
+
+class FusedKernel:
+    """One generated NKI kernel for a fused group, called with the group's input tensors (any broadcastable shape)."""
+
+    def __init__(self, spec: GroupSpec, shape: Sequence[int]) -> None:
+        self.spec = spec
+        self.shape = tuple(int(s) for s in shape)
+        self.out_dtypes = [spec.steps[i].dtype for i in spec.outputs]
+        self.__name__ = codegen.source_name("fused", repr(spec))
+        self.source = codegen.elementwise_source(spec, self.__name__)
+        self.kernel = codegen.compile_source(self.source, self.__name__)
+        self.rows, self.cols = codegen.plan_elementwise(self.shape)
+
+    def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if self.rows * self.cols == 0:
+            return tuple(torch.empty(self.shape, dtype=dtype) for dtype in self.out_dtypes)
+        args = [codegen.to_device(x.expand(self.shape)).reshape(self.rows, self.cols) for x in inputs]
+        outs = launch(self.kernel, *args, self.rows, self.cols)
+        return tuple(codegen.from_device(o.reshape(self.shape), d) for o, d in zip(outs, self.out_dtypes, strict=True))
+
+    def __repr__(self) -> str:
+        return f"FusedKernel({self.__name__}, {len(self.spec.steps)} ops, shape={list(self.shape)})"
+
+
+def _step_args(node_target: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    if lowering_for(node_target) is not None and lowering_for(node_target).family == "creation":
+        from neuron_dynamo.lowering.elementwise import fill_value
+
+        return fill_value(node_target, args, kwargs), {}
+    return args, kwargs
+
+
+def build_group(nodes: list[fx.Node]) -> tuple[GroupSpec, list[fx.Node], list[fx.Node]]:
+    """The spec of a group of nodes, its external tensor inputs, and the members read outside the group."""
+    members = {node: index for index, node in enumerate(nodes)}
+    inputs: list[fx.Node] = []
+
+    def ref(value: Any) -> Any:
+        if isinstance(value, fx.Node):
+            if value in members:
+                return Ref("step", members[value])
+            if value not in inputs:
+                inputs.append(value)
+            return Ref("in", inputs.index(value))
+        if isinstance(value, (list, tuple)):
+            return tuple(ref(v) for v in value)
+        return value
+
+    steps = []
+    for node in nodes:
+        args, kwargs = _step_args(node.target, node.args, node.kwargs)
+        steps.append(Step(node.target, tuple(ref(a) for a in args),
+                          tuple(sorted((k, ref(v)) for k, v in kwargs.items())), node.meta["val"].dtype))
+    outputs = [node for node in nodes if any(user not in members for user in node.users)]
+    spec = GroupSpec(tuple(n.meta["val"].dtype for n in inputs), tuple(steps), tuple(members[n] for n in outputs))
+    return spec, inputs, outputs
+
+
+def _fusable(node: fx.Node, target: str) -> bool:
+    lowering = lowering_for(node.target)
+    return (node.op == "call_function" and lowering is not None and lowering.family in FUSED_FAMILIES
+            and target in lowering.kernels and isinstance(node.meta.get("val"), torch.Tensor))
+
+
+def lower_region_nki(region: fx.GraphModule, target: str) -> fx.GraphModule:
+    """The region as a graph of NKI kernel calls: fused groups of generated code and per-op kernels."""
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    group: list[fx.Node] = []
+
+    def close_group() -> None:
+        if not group:
+            return
+        spec, inputs, outputs = build_group(group)
+        kernel = FusedKernel(spec, group[-1].meta["val"].shape)
+        call = graph.call_function(kernel, tuple(env[n] for n in inputs))
+        for k, member in enumerate(outputs):
+            # named after the member it stands for: region names are unique, generated ones could shadow them
+            env[member] = graph.create_node("call_function", operator.getitem, (call, k), name=member.name)
+            env[member].meta = dict(member.meta)
+        group.clear()
+
+    for node in region.graph.nodes:
+        if node.op == "output":
+            close_group()
+            graph.output(fx.map_arg(node.args[0], env.__getitem__))
+        elif _fusable(node, target):
+            if group and node.meta["val"].shape != group[-1].meta["val"].shape:
+                close_group()
+            group.append(node)
+        else:
+            if group and any(arg in group for arg in node.all_input_nodes):
+                close_group()
+            copied = graph.node_copy(node, env.__getitem__)
+            if node.op == "call_function" and node.target is not operator.getitem:
+                copied.target = kernel_for(node.target, target).for_overload(node.target)
+            env[node] = copied
+    lowered = fx.GraphModule(region, graph, class_name=f"{target.capitalize()}Region")
+    return lowered
+
+
+def run_single(op: Any, args: tuple, kwargs: dict) -> torch.Tensor:
+    """One element-wise or creation op as its own generated kernel (a lone call outside any fused group)."""
+    tensors: list[torch.Tensor] = []
+
+    def ref(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            tensors.append(value)
+            return Ref("in", len(tensors) - 1)
+        if isinstance(value, (list, tuple)):
+            return tuple(ref(v) for v in value)
+        return value
+
+    def meta(value: Any) -> Any:
+        return value.to("meta") if isinstance(value, torch.Tensor) else value
+
+    expected = op(*[meta(a) for a in args], **{k: meta(v) for k, v in kwargs.items()})
+    step_args, step_kwargs = _step_args(op, args, kwargs)
+    step = Step(op, tuple(ref(a) for a in step_args), tuple(sorted((k, ref(v)) for k, v in step_kwargs.items())),
+                expected.dtype)
+    spec = GroupSpec(tuple(t.dtype for t in tensors), (step,), (0,))
+    (result,) = FusedKernel(spec, expected.shape)(*tensors)
+    return result

@@ -1,0 +1,80 @@
+"""The `simulator` toolchain: lowered regions run their NKI kernels on the project's CPU interpreter.
+
+Every kernel launch goes through `launch`, which runs the kernel with the interpreter's profiler and adds its
+estimated device time (the cost model's figure, not a measurement) to the innermost `device_time()` block. A
+compiled region is the lowered FX graph wrapped in `SimulatorRegion`, which keeps the estimate of its last run so
+the compiler can report the estimated device time per graph.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from neuron_dynamo import counters
+
+_local = threading.local()
+
+
+@dataclasses.dataclass
+class DeviceTime:
+    """Estimated device time accumulated by the kernel launches inside one `device_time()` block."""
+
+    ns: float = 0.0
+    kernels: int = 0
+
+
+@contextlib.contextmanager
+def device_time() -> Iterator[DeviceTime]:
+    """Sum the estimated device time of the kernels launched inside the block (nested blocks each see theirs)."""
+    stack = _local.__dict__.setdefault("stack", [])
+    total = DeviceTime()
+    stack.append(total)
+    try:
+        yield total
+    finally:
+        stack.pop()
+        if stack:
+            stack[-1].ns += total.ns
+            stack[-1].kernels += total.kernels
+
+
+def launch(kernel: Any, *args: Any, **kwargs: Any) -> Any:
+    """Run an NKI kernel on the interpreter and account its estimated device time."""
+    result, profile = kernel.profile(*args, **kwargs)
+    stack = getattr(_local, "stack", None)
+    if stack:
+        stack[-1].ns += profile.estimated_ns
+        stack[-1].kernels += 1
+    return result
+
+
+class SimulatorRegion(torch.nn.Module):
+    """A lowered region on the interpreter: runs the graph and remembers its estimated device time per run."""
+
+    def __init__(self, lowered: fx.GraphModule) -> None:
+        super().__init__()
+        self.lowered = lowered
+        self.last_device_ns = 0.0
+        self.on_run: Callable[[SimulatorRegion], None] | None = None  # the compiler's hook: refresh the report
+
+    def forward(self, *args: Any) -> Any:
+        with device_time() as spent:
+            result = self.lowered(*args)
+        self.last_device_ns = spent.ns
+        counters.bump("estimated_device_ns", spent.ns)
+        counters.bump("kernels_launched", spent.kernels)
+        if self.on_run is not None:
+            self.on_run(self)
+        return result
+
+
+def compile_for_simulator(lowered: fx.GraphModule, example_inputs: Sequence[Any]) -> SimulatorRegion:
+    """Nothing to build ahead of time: generated kernels were compiled (exec'd) at lowering, library ones import."""
+    return SimulatorRegion(lowered)
