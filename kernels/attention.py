@@ -12,15 +12,19 @@ Layout contract (`attention_kernel`):
   returns  (out [B, Hq, Sq, D] in q's dtype, lse [B, Hq, Sq] fp32: the row logsumexp of the scaled, masked
            scores, which the backward kernel needs)
 
-Tiling: for each (batch, kv head) Kᵀ [D, Sk] (by TensorE transposes) and V [Sk, D] stay in SBUF while the
-query heads of its group stream past, 128 query rows at a time (in decode, the group's heads are the rows).
+Tiling: for each (batch, kv head) Kᵀ [D, Sk] (DMA transposes for 16-bit dtypes, TensorE for fp32) and V stay
+in SBUF while the query heads of its group stream past, 128 query rows at a time (in decode, the group's heads
+are the rows). V is laid out per key block with consecutive keys on each partition (long DMA runs) unless the
+attention is causal, where the blocks differ between query tiles and V keeps 128-key tiles.
 Scores of a 128 × 2048 key block land in four PSUM banks (Qᵀ stationary, Kᵀ moving); VectorE takes the
 row max, ScalarE exponentiates with the running max as bias and sums the row in the same pass (online
 softmax); the probabilities are transposed in 128 × 128 blocks (for 16-bit dtypes partly by DMA transposes,
 the rest by TensorE) and multiplied with V into one PSUM bank; the running output is rescaled and accumulated
 in fp32 by one VectorE instruction, the per-row bookkeeping runs on GpSimd. Causal attention only visits
 key blocks up to the diagonal and masks the diagonal 128 × 128 square by accumulating identityᵀ · mask into
-its PSUM scores (TensorE has room to spare; VectorE does not).
+its PSUM scores (TensorE has room to spare; VectorE does not); additive and valid-length masks go the same
+way, scaled and clamped to a finite value on GpSimd. Limits: Kᵀ, V and the valid-length mask stay resident,
+which fits Sk up to about 32k keys at D = 128 in bf16.
 """
 
 import nki
@@ -31,7 +35,8 @@ from .contract import require, require_float
 from .tiling import FMAX, PMAX, broadcast_rows, cdiv, itemsize, load_transposed, transpose_rows
 
 KEY_BLOCK = 4 * FMAX  # keys per online-softmax step: four PSUM banks of scores
-NEG = -1.0e30  # additive value of a masked score
+NEG = -1.0e30  # additive value of a masked (raw, unscaled) score
+NEG_FP16 = -60000.0  # the same in fp16, whose range ends at 65504: masks go through TensorE in the input dtype
 # How each 128-key block of probabilities gets transposed (see _probs_times_v): "d" DMA, "s" TensorE + ScalarE
 # copy, "v" TensorE + VectorE copy. Tuned with benchmarks/kernels.py so that VectorE (row max), ScalarE (exp),
 # DMA and TensorE finish close together on causal 4096 x 128 bf16 attention.
@@ -55,12 +60,18 @@ def attention_kernel(q, k, v, mask=None, causal=False, scale=1.0, kv_len=None):
     identity = nl.shared_identity_matrix(PMAX, dtype=q.dtype)
     diagonal = causal_tile(q.dtype) if causal and not decode else None
     rows = group if decode else PMAX
+    # every query tile sees the same key blocks unless causal: then V can be laid out per block with each
+    # partition holding consecutive keys (long DMA runs), see load_value_blocks
+    interleaved = (decode or not causal) and sk % PMAX == 0
     for b in range(batch):
         invalid = length_mask(kv_len, b, rows, sk, q.dtype) if has_len else None
         mb = (b if mask.shape[0] > 1 else 0) if has_mask else 0
         for kvh in range(kv_heads):
             k_t = load_keys_transposed(k[b, kvh], sk, d)
-            v_tiles = load_key_tiles(v[b, kvh], sk, d)
+            if interleaved:
+                v_tiles = load_value_blocks(v[b, kvh], sk, d)
+            else:
+                v_tiles = load_key_tiles(v[b, kvh], sk, d)
             if decode:  # the group's query heads are the rows of one tile
                 h0 = kvh * group
                 q_t = nl.ndarray((PMAX, PMAX), dtype=q.dtype, buffer=nl.sbuf)
@@ -70,7 +81,7 @@ def attention_kernel(q, k, v, mask=None, causal=False, scale=1.0, kv_len=None):
                     m_bcast = mask.shape[1] == 1
                     m_view = mask[mb, 0:1, 0, 0:sk] if m_bcast else mask[mb, h0 : h0 + group, 0, 0:sk]
                 masks = (m_view, m_r0, m_bcast, invalid, identity)
-                _attend(q_t, group, k_t, v_tiles, sk, -1, None, masks, scale, d,
+                _attend(q_t, group, k_t, (v_tiles, interleaved), sk, -1, None, masks, scale, d,
                         out[b, h0 : h0 + group, 0, 0:d], lse[b, h0 : h0 + group, 0:1])
                 continue
             for g in range(group):
@@ -85,7 +96,7 @@ def attention_kernel(q, k, v, mask=None, causal=False, scale=1.0, kv_len=None):
                         diag_at = q0 + sk - sq
                         k_end = diag_at + PMAX
                     masks = (m_view, q0, False, invalid, identity)
-                    _attend(q_t, PMAX, k_t, v_tiles, k_end, diag_at, diagonal, masks, scale, d,
+                    _attend(q_t, PMAX, k_t, (v_tiles, interleaved), k_end, diag_at, diagonal, masks, scale, d,
                             out[b, h, q0 : q0 + PMAX, 0:d], lse_bh[q0 : q0 + PMAX, 0:1])
     return out, lse
 
@@ -115,12 +126,18 @@ def check_attention_args(name, q, k, v, mask, allow_decode, causal=False):
                 f"got {tuple(mask.shape)}")
 
 
+def masked_value(dtype):
+    """The additive value of a masked score in a mask tile of `dtype` (finite: it goes through a matmul)."""
+    return NEG_FP16 if dtype == nl.float16 else NEG
+
+
 def causal_tile(dtype=nl.float32):
-    """[128, 128]: 0 where key j ≤ query i, NEG above the diagonal (iota of j - i, then a compare)."""
+    """[128, 128]: 0 where key j ≤ query i, masked above the diagonal (iota of j - i, then a compare)."""
     offsets = nl.ndarray((PMAX, PMAX), dtype=nl.int32, buffer=nl.sbuf)
     nisa.iota(dst=offsets, pattern=[[1, PMAX]], offset=0, channel_multiplier=-1)
     tile = nl.ndarray((PMAX, PMAX), dtype=dtype, buffer=nl.sbuf)
-    nisa.tensor_scalar(dst=tile, data=offsets, op0=nl.greater, operand0=0.0, op1=nl.multiply, operand1=NEG)
+    nisa.tensor_scalar(dst=tile, data=offsets, op0=nl.greater, operand0=0.0, op1=nl.multiply,
+                       operand1=masked_value(dtype))
     return tile
 
 
@@ -135,6 +152,20 @@ def load_key_tiles(src, sk, d):
     return tiles
 
 
+def load_value_blocks(src, sk, d):
+    """src [Sk, D] (HBM, Sk a multiple of 128) as one SBUF tile [128, T, D] per key block of T·128 keys, where
+    partition p holds the block's keys p·T … p·T + T - 1: one DMA per block whose rows are T·D contiguous
+    elements (4 KiB for bf16, D = 128) instead of 128 rows of D. Slice [:, t, :] is the moving operand for the
+    keys t, T + t, 2T + t, … of the block; the matching probabilities are the columns t::T."""
+    blocks = []
+    for k0 in range(0, sk, KEY_BLOCK):
+        per = min(KEY_BLOCK, sk - k0) // PMAX
+        tile = nl.ndarray((PMAX, KEY_BLOCK // PMAX, d), dtype=src.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=tile[:, 0:per, 0:d], src=src[k0 : k0 + per * PMAX, 0:d].reshape((PMAX, per, d)))
+        blocks.append(tile)
+    return blocks
+
+
 def load_keys_transposed(src, sk, d):
     """src [Sk, D] (HBM) as Kᵀ [D, Sk] in SBUF, `transpose_rows` keys at a time."""
     k_t = nl.ndarray((PMAX, sk), dtype=src.dtype, buffer=nl.sbuf)
@@ -145,7 +176,7 @@ def load_keys_transposed(src, sk, d):
 
 
 def length_mask(kv_len, b, rows, sk, dtype):
-    """[rows, Sk] additive mask of batch b: NEG where key j ≥ kv_len[b] (iota and compare on GpSimd).
+    """[rows, Sk] additive mask of batch b: masked where key j ≥ kv_len[b] (iota and compare on GpSimd).
 
     kv_len[b] reaches every partition through a K=1 matmul broadcast; the mask is built once per batch entry
     and shared by all heads.
@@ -157,7 +188,8 @@ def length_mask(kv_len, b, rows, sk, dtype):
         positions = nl.ndarray((PMAX, KEY_BLOCK), dtype=nl.int32, buffer=nl.sbuf)
         nisa.iota(dst=positions[0:rows, 0:kb], pattern=[[1, kb]], offset=k0, channel_multiplier=0)
         nisa.tensor_scalar(dst=invalid[0:rows, k0 : k0 + kb], data=positions[0:rows, 0:kb], op0=nl.greater_equal,
-                           operand0=lengths[0:rows, 0:1], op1=nl.multiply, operand1=NEG, engine=nisa.engine.gpsimd)
+                           operand0=lengths[0:rows, 0:1], op1=nl.multiply, operand1=masked_value(dtype),
+                           engine=nisa.engine.gpsimd)
     return invalid
 
 
@@ -166,23 +198,31 @@ def extra_mask(masks, rows, k0, kb, scale, dtype):
     scales later), in `dtype` SBUF, built on GpSimd; or None without a mask or valid length."""
     m_view, m_r0, m_bcast, invalid, _ = masks
     if m_view == None:  # noqa: E711
-        return invalid[0:rows, k0 : k0 + kb] if invalid != None else None  # noqa: E711 (NEG/scale is still NEG)
+        return invalid[0:rows, k0 : k0 + kb] if invalid != None else None  # noqa: E711 (masked/scale: still masked)
     raw = nl.ndarray((PMAX, KEY_BLOCK), dtype=m_view.dtype, buffer=nl.sbuf)
     if m_bcast:  # one mask row for every query head of the group
         for r in range(rows):
             nisa.dma_copy(dst=raw[r : r + 1, 0:kb], src=m_view[0:1, k0 : k0 + kb])
     else:
         nisa.dma_copy(dst=raw[0:rows, 0:kb], src=m_view[m_r0 : m_r0 + rows, k0 : k0 + kb])
+    gp = nisa.engine.gpsimd
+    floor = masked_value(dtype)  # no -inf and no overflow in `dtype`: the block goes through a matmul (0·-inf = NaN)
     block = nl.ndarray((PMAX, KEY_BLOCK), dtype=dtype, buffer=nl.sbuf)
-    nisa.tensor_scalar(dst=block[0:rows, 0:kb], data=raw[0:rows, 0:kb], op0=nl.multiply, operand0=1.0 / scale,
-                       op1=nl.maximum, operand1=NEG, engine=nisa.engine.gpsimd)  # -inf → NEG: 0 · -inf is NaN
-    if invalid != None:  # noqa: E711
-        nisa.tensor_tensor(dst=block[0:rows, 0:kb], data1=block[0:rows, 0:kb], data2=invalid[0:rows, k0 : k0 + kb],
-                           op=nl.add, engine=nisa.engine.gpsimd)
+    if invalid == None:  # noqa: E711
+        nisa.tensor_scalar(dst=block[0:rows, 0:kb], data=raw[0:rows, 0:kb], op0=nl.multiply, operand0=1.0 / scale,
+                           op1=nl.maximum, operand1=floor, engine=gp)
+    else:  # add the valid-length mask in fp32, then clamp on the way to `dtype`
+        summed = nl.ndarray((PMAX, KEY_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=summed[0:rows, 0:kb], data=raw[0:rows, 0:kb], op0=nl.multiply, operand0=1.0 / scale,
+                           op1=nl.maximum, operand1=floor, engine=gp)
+        nisa.tensor_tensor(dst=summed[0:rows, 0:kb], data1=summed[0:rows, 0:kb], data2=invalid[0:rows, k0 : k0 + kb],
+                           op=nl.add, engine=gp)
+        nisa.tensor_scalar(dst=block[0:rows, 0:kb], data=summed[0:rows, 0:kb], op0=nl.maximum, operand0=floor,
+                           engine=gp)
     return block[0:rows, 0:kb]
 
 
-def _attend(q_t, rows, k_t, v_tiles, k_end, diag_at, diagonal, masks, scale, d, out_view, lse_view):
+def _attend(q_t, rows, k_t, values, k_end, diag_at, diagonal, masks, scale, d, out_view, lse_view):
     """Online softmax over keys [0, k_end) for one tile of query rows; stores the output rows and their lse.
 
     Engine budget per key block (the row max on VectorE is the floor): the [P, 1] bookkeeping runs on
@@ -228,7 +268,7 @@ def _attend(q_t, rows, k_t, v_tiles, k_end, diag_at, diagonal, masks, scale, d, 
         block_sum = nl.ndarray((PMAX, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.activation_reduce(dst=probs[0:rows, 0:kb], op=nl.exp, data=scores[0:rows, 0:kb], reduce_op=nl.add,
                                reduce_res=block_sum[0:rows, 0:1], bias=neg_max[0:rows, 0:1], scale=scale)
-        pv = _probs_times_v(probs, rows, kb, v_tiles, k0 // PMAX, d)
+        pv = _probs_times_v(probs, rows, kb, values, k0, d)
         if single:
             acc = pv
             nisa.tensor_copy(dst=total[0:rows, 0:1], src=block_sum[0:rows, 0:1], engine=gp)
@@ -255,8 +295,12 @@ def _attend(q_t, rows, k_t, v_tiles, k_end, diag_at, diagonal, masks, scale, d, 
     nisa.dma_copy(dst=lse_view, src=row_lse[0:rows, 0:1])
 
 
-def _probs_times_v(probs, rows, kb, v_tiles, first_tile, d):
-    """PSUM [rows, D] = probs[rows, kb] @ V[keys], contracting 128 keys at a time.
+def _probs_times_v(probs, rows, kb, values, k0, d):
+    """PSUM [rows, D] = probs[rows, kb] @ V[k0 : k0 + kb], contracting 128 keys at a time.
+
+    `values` is (V tiles, interleaved): the [128 keys, D] tiles of load_key_tiles, key sub-block j being the
+    keys k0 + 128·j …, or (interleaved) the per-block tiles of load_value_blocks, sub-block j being the keys
+    k0 + j, k0 + T + j, … (T = kb / 128), whose probabilities are the columns j::T.
 
     TensorE needs probsᵀ (keys on partitions). Each 128-key block is transposed by one of three routes,
     chosen by `TRANSPOSE_ROUTE` so that no engine outgrows the row max that VectorE must do anyway: "d" a
@@ -265,13 +309,16 @@ def _probs_times_v(probs, rows, kb, v_tiles, first_tile, d):
     transpose copied out of PSUM by ScalarE, "v" the same copied by VectorE (TensorE transposes are grouped
     four to a PSUM bank, one copy per group).
     """
+    v_tiles, interleaved = values
+    first_tile = k0 // PMAX
     n_tiles = cdiv(kb, PMAX)
+    per = n_tiles  # interleaved: keys per partition in this block
     placed = [None] * n_tiles  # per key block: (SBUF tile, first column) of its transpose
     by_engine = ([], [])  # key blocks copied out of PSUM by ScalarE, by VectorE
     by_dma = []  # runs of consecutive key blocks for one 3-D DMA transpose each
     for j in range(n_tiles):
         route = TRANSPOSE_ROUTE[(first_tile + j) % len(TRANSPOSE_ROUTE)]
-        full = rows == PMAX and kb - j * PMAX >= PMAX
+        full = rows == PMAX and kb - j * PMAX >= PMAX and not interleaved
         if route == "d" and (itemsize(probs.dtype) != 2 or not full):  # few rows (decode): TensorE is cheaper
             route = "sv"[j % 2]
         if route == "d":
@@ -294,8 +341,8 @@ def _probs_times_v(probs, rows, kb, v_tiles, first_tile, d):
             flipped = nl.ndarray((PMAX, 4 * PMAX), dtype=probs.dtype, buffer=nl.psum)
             for i, j in enumerate(group):
                 kt = min(PMAX, kb - j * PMAX)
-                nisa.nc_transpose(dst=flipped[0:kt, i * PMAX : i * PMAX + rows],
-                                  data=probs[0:rows, j * PMAX : j * PMAX + kt])
+                columns = slice(j, kb, per) if interleaved else slice(j * PMAX, j * PMAX + kt)
+                nisa.nc_transpose(dst=flipped[0:kt, i * PMAX : i * PMAX + rows], data=probs[0:rows, columns])
             tile = nl.ndarray((PMAX, 4 * PMAX), dtype=probs.dtype, buffer=nl.sbuf)
             width = (len(group) - 1) * PMAX + rows
             if e == 0:
@@ -308,6 +355,10 @@ def _probs_times_v(probs, rows, kb, v_tiles, first_tile, d):
     for j in range(n_tiles):
         kt = min(PMAX, kb - j * PMAX)
         tile, col = placed[j]
-        nisa.nc_matmul(dst=pv[0:rows, 0:d], stationary=tile[0:kt, col : col + rows],
-                       moving=v_tiles[first_tile + j][0:kt, 0:d], accumulate=j > 0)
+        if interleaved:
+            moving = v_tiles[k0 // KEY_BLOCK][0:PMAX, j, 0:d]
+        else:
+            moving = v_tiles[first_tile + j][0:kt, 0:d]
+        nisa.nc_matmul(dst=pv[0:rows, 0:d], stationary=tile[0:kt, col : col + rows], moving=moving,
+                       accumulate=j > 0)
     return pv

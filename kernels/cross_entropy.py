@@ -114,8 +114,8 @@ def _label_offsets(labels, r0, pr, v, ignore_index):
     row's label column for the indirect DMA, as (first row, rows, int32 [rows, 1] tile) groups.
 
     The offset (row - first row) · V + label is formed in fp32 arithmetic, exact below 2^24, so a group spans
-    at most 2^24 / V rows (all 128 for V ≤ 131072). Ignored labels are clamped to column 0; their rows are
-    zeroed by `valid`.
+    at most 2^24 / V rows (all 128 for V ≤ 131072; rounded down to a multiple of 32). Ignored labels are
+    clamped to column 0; their rows are zeroed by `valid`.
     """
     gp = nisa.engine.gpsimd
     raw = nl.ndarray((PMAX, 1), dtype=labels.dtype, buffer=nl.sbuf)
@@ -124,6 +124,8 @@ def _label_offsets(labels, r0, pr, v, ignore_index):
     nisa.tensor_scalar(dst=valid[0:pr, 0:1], data=raw[0:pr, 0:1], op0=nl.not_equal, operand0=float(ignore_index),
                        engine=gp)
     group = min(PMAX, EXACT_FP32_INT // v)
+    if group >= 32:  # groups start on a 32-partition boundary (the partition-start alignment of the engines)
+        group = group // 32 * 32
     offsets = []
     for g0 in range(0, pr, group):
         gn = min(group, pr - g0)

@@ -262,7 +262,7 @@ def compile_graph(
     kind: str = "inference",
 ) -> CompiledGraph:
     """Prepare an aten graph (possibly symbolic) for running; static programs are compiled lazily per shape."""
-    target = resolve_target(options.target)
+    target = resolve_target(options.target, options)
     name = name or next_graph_name()
     static = is_static(gm, example_inputs)
     counters.bump(f"graphs_compiled.{kind}")

@@ -105,6 +105,19 @@ class Options:
         minimum=0,
     )
     retry_failed: bool = _option(False, "Compile again a program whose failure is still cached.")
+    compiler_flags: tuple[str, ...] = _option(
+        (),
+        "Extra `neuronx-cc` flags for target `neuron`, after those of NEURON_CC_FLAGS. From the environment: a "
+        "comma-separated list.",
+    )
+    compile_timeout: int = _option(
+        900, "Seconds one `neuronx-cc` run may take before its region runs eagerly instead (target `neuron`).",
+        minimum=1,
+    )
+    lnc: int = _option(
+        0, "Logical NeuronCore degree for target `neuron` (1 or 2; 0: NEURON_LOGICAL_NC_CONFIG, else the "
+        "generation's default: 2 on trn2/trn3, 1 on trn1).", minimum=0,
+    )
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):

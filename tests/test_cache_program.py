@@ -20,9 +20,20 @@ from neuron_dynamo.compiler import compile_static
 from neuron_dynamo.options import resolve_options
 from neuron_dynamo.toolchain import REFERENCE
 
-# A fresh process must compute the same key; other code may be edited between the two processes of a test (the
-# key includes a hash of the package sources, tested on its own below), so subprocesses pin that one fact.
-PIN_SOURCES = "import neuron_dynamo.cache_key as _key; _key.source_hash = lambda: 'pinned-for-test'\n"
+
+@pytest.fixture
+def pinned_sources(tmp_path, monkeypatch):
+    """Subprocesses (and their workers) compute keys with a pinned source hash.
+
+    The key includes a hash of the package sources (tested on its own); other code may be edited while a test's
+    processes run one after the other, so the test pins that one fact, through a sitecustomize every process loads.
+    """
+    site = tmp_path / "pinned_site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import neuron_dynamo.cache_key as _key\n_key.source_hash = lambda: 'pinned-for-test'\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])))
 
 
 @pytest.fixture
@@ -51,8 +62,8 @@ def cache_stats():
 
 
 # ------------------------------------------------------------------------------------------------------ keys
-def test_key_is_stable_across_hash_seeds():
-    code = PIN_SOURCES + textwrap.dedent("""
+def test_key_is_stable_across_hash_seeds(pinned_sources):
+    code = textwrap.dedent("""
         import torch
         from torch.fx.experimental.proxy_tensor import make_fx
         from neuron_dynamo.cache_key import program_key
@@ -162,8 +173,8 @@ def test_second_compile_is_a_hit_that_skips_partitioning(cache_dir, monkeypatch)
     assert cache_stats()["cache.hits"] == 1 and cache_stats()["cache.misses"] == 1
 
 
-def test_fresh_process_after_a_warm_run_has_no_miss(cache_dir):
-    script = PIN_SOURCES + textwrap.dedent("""
+def test_fresh_process_after_a_warm_run_has_no_miss(cache_dir, pinned_sources):
+    script = textwrap.dedent("""
         import json, torch, neuron_dynamo
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.SiLU(), torch.nn.Linear(16, 4),

@@ -18,7 +18,7 @@ import torch.fx as fx
 
 from neuron_dynamo.lowering import codegen
 from neuron_dynamo.lowering.codegen import GroupSpec, Ref, Step
-from neuron_dynamo.lowering.registry import kernel_for, lowering_for
+from neuron_dynamo.lowering.registry import kernel_for, kernel_set, lowering_for
 from neuron_dynamo.toolchain.simulator import launch
 
 FUSED_FAMILIES = frozenset({"elementwise", "creation"})
@@ -84,7 +84,7 @@ def build_group(nodes: list[fx.Node]) -> tuple[GroupSpec, list[fx.Node], list[fx
 def _fusable(node: fx.Node, target: str) -> bool:
     lowering = lowering_for(node.target)
     return (node.op == "call_function" and lowering is not None and lowering.family in FUSED_FAMILIES
-            and target in lowering.kernels and isinstance(node.meta.get("val"), torch.Tensor))
+            and kernel_set(target) in lowering.kernels and isinstance(node.meta.get("val"), torch.Tensor))
 
 
 def lower_region_nki(region: fx.GraphModule, target: str) -> fx.GraphModule:

@@ -115,9 +115,18 @@ def lowering_for(op: Any) -> Lowering | None:
     return _LOWERINGS.get(op) or _LOWERINGS.get(op.overloadpacket)
 
 
+# Targets that run another target's kernels: the neuron toolchain compiles the very NKI kernels the simulator runs.
+KERNEL_SETS = {"neuron": "simulator"}
+
+
+def kernel_set(target: str) -> str:
+    """The registry target name whose kernels `target` uses."""
+    return KERNEL_SETS.get(target, target)
+
+
 def kernel_for(op: Any, target: str) -> Kernel | None:
     lowering = lowering_for(op)
-    return None if lowering is None else lowering.kernels.get(target)
+    return None if lowering is None else lowering.kernels.get(kernel_set(target))
 
 
 def registered_ops(target: str | None = None) -> dict[str, list[str]]:

@@ -46,7 +46,12 @@ def device_time() -> Iterator[DeviceTime]:
 
 
 def launch(kernel: Any, *args: Any, **kwargs: Any) -> Any:
-    """Run an NKI kernel on the interpreter and account its estimated device time."""
+    """Run an NKI kernel on the interpreter and account its estimated device time.
+
+    A kernel of the genuine `nki` package (a Trainium host) has no interpreter profile: it just runs.
+    """
+    if not hasattr(kernel, "profile"):
+        return kernel(*args, **kwargs)
     result, profile = kernel.profile(*args, **kwargs)
     stack = getattr(_local, "stack", None)
     if stack:

@@ -13,6 +13,10 @@ The NKI targets plug in here and in the lowering registry (their kernels), never
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import importlib.util
+import os
+from pathlib import Path
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -83,8 +87,41 @@ class InProcessTarget:
         return lowered_region
 
 
+@dataclasses.dataclass(frozen=True)
+class SimulatorTarget(InProcessTarget):
+    """The interpreter target, with what the compile cache needs: its facts and its regions as bytes."""
+
+    def cache_facts(self) -> dict[str, Any]:
+        """What changes a simulator artifact: the interpreter version and platform, and every kernel source."""
+        info = nki_toolchain_info()
+        return {"target": self.name, "interpreter": info.get("version"), "platform": info.get("target"),
+                "sources": source_digest()}
+
+    def serialize_region(self, compiled: Any, lowered_region: fx.GraphModule) -> bytes:
+        from neuron_dynamo.lowering.artifact import dump_region  # the artifact is the lowered graph
+
+        return dump_region(lowered_region)
+
+    def load_region(self, data: bytes) -> Any:
+        from neuron_dynamo.lowering.artifact import load_region
+        from neuron_dynamo.toolchain.simulator import SimulatorRegion
+
+        return SimulatorRegion(load_region(data))
+
+
+def source_digest() -> str:
+    """sha256 over the sources that make the NKI kernels: lowering, toolchain, the kernel library, the interpreter."""
+    digest = hashlib.sha256()
+    for package in ("lowering", "toolchain", "kernels", "nki"):
+        spec = importlib.util.find_spec(f"neuron_dynamo.{package}")  # kernels/ installs from outside the package
+        for location in spec.submodule_search_locations:
+            for path in sorted(Path(location).rglob("*.py")):
+                digest.update(f"{package}/{path.relative_to(location).as_posix()}".encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
 REFERENCE = InProcessTarget("reference", "region aten graphs executed by torch (debugging baseline)")
-SIMULATOR = InProcessTarget("simulator", "NKI kernels executed by the CPU interpreter of neuron_dynamo.nki")
+SIMULATOR = SimulatorTarget("simulator", "NKI kernels executed by the CPU interpreter of neuron_dynamo.nki")
 TARGET_NAMES = ("auto", "neuron", "simulator", "reference")
 
 
@@ -98,26 +135,34 @@ def nki_toolchain_info() -> dict[str, Any]:
     return toolchain_info()
 
 
-def resolve_target(name: str) -> InProcessTarget:
+def neuron_device_visible() -> bool:
+    """A Neuron device node exists (what the Neuron runtime opens)."""
+    return os.path.exists("/dev/neuron0")
+
+
+def resolve_target(name: str, options: Any = None) -> Any:
     """The target object for an option value; raises before compiling anything if it cannot run here.
 
-    `auto` resolves to `reference` until the NKI lowerings exist (the simulator then becomes the CPU default).
-    `simulator` is accepted today: it has no kernels yet, so every op falls back with that reason in the report.
-    `neuron` needs the genuine toolchain, so asking for it elsewhere is an error rather than a silent substitute.
+    `auto` is `neuron` on a Trainium host (genuine NKI toolchain, neuronx-cc and a visible device) and the
+    `simulator` everywhere else. `neuron` needs the genuine toolchain and neuronx-cc on PATH, so asking for it
+    elsewhere is an error rather than a silent substitute.
     """
-    if name in ("auto", "reference"):
+    if name == "reference":
         return REFERENCE
     if name == "simulator":
         return SIMULATOR
-    if name == "neuron":
-        toolchain = nki_toolchain_info()
-        if not toolchain.get("genuine"):
-            raise TargetUnavailableError(
-                "target 'neuron' needs a Trainium host with the genuine NKI toolchain (nki, neuronx-cc); this "
-                f"machine has provider {toolchain.get('provider')!r}. Use target='simulator' or 'reference'."
-            )
+    if name not in ("auto", "neuron"):
+        raise TargetUnavailableError(f"unknown target {name!r}; valid targets: {', '.join(TARGET_NAMES)}")
+    from neuron_dynamo.toolchain.neuronx_cc import find_compiler, neuron_target
+
+    toolchain = nki_toolchain_info()
+    ready = toolchain.get("genuine") and find_compiler() is not None
+    if name == "auto":
+        return neuron_target(options, toolchain["target"]) if ready and neuron_device_visible() else SIMULATOR
+    if not ready:
         raise TargetUnavailableError(
-            "target 'neuron': the neuronx-cc compile path is not part of this version yet; "
-            "use target='simulator' or 'reference'."
+            "target 'neuron' needs a Trainium host with the genuine NKI toolchain (nki, and neuronx-cc on PATH); "
+            f"this machine has provider {toolchain.get('provider')!r}"
+            f"{'' if find_compiler() else ' and no neuronx-cc'}. Use target='simulator' or 'reference'."
         )
-    raise TargetUnavailableError(f"unknown target {name!r}; valid targets: {', '.join(TARGET_NAMES)}")
+    return neuron_target(options, toolchain["target"])

@@ -111,3 +111,12 @@ def test_causal_prefill_at_benchmark_tiling():
     q, k, v = qkv(1, 2, 1, 2560, 2560, 128, torch.bfloat16)
     scale = 128**-0.5
     check(attention_kernel(q, k, v, None, True, scale), reference(q, k, v, None, True, scale), torch.bfloat16)
+
+
+def test_fp16_masks_stay_finite():
+    """fp16 masks go through TensorE in fp16: masked scores use a finite fp16 value (0 · -inf would be NaN)."""
+    q, k, v = qkv(1, 2, 1, 128, 256, 64, torch.float16)
+    mask = torch.where(randn(1, 1, 128, 256, seed=6) > 1.0, float("-inf"), 0.0).to(torch.float16)
+    kv_len = torch.tensor([200], dtype=torch.int32)
+    got = attention_kernel(q, k, v, mask, True, 0.125, kv_len)
+    assert_close(got[0], reference(q, k, v, mask, True, 0.125, kv_len)[0], torch.float16)

@@ -1,0 +1,149 @@
+"""`neuron-precompile`: warm a model so a fresh run compiles nothing; ls, verify, prune, clear-locks; --help."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from neuron_dynamo.cache import CompileCache, make_key
+from neuron_dynamo.cli import build_parser, main, parse_age, parse_size
+
+FACTORY = textwrap.dedent("""
+    import torch
+
+    def tiny_lm():
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Embedding(50, 16), torch.nn.Linear(16, 16), torch.nn.SiLU(),
+                                    torch.nn.LayerNorm(16), torch.nn.Linear(16, 50))
+        return model, lambda batch, seq: (torch.randint(0, 50, (batch, seq)),)
+""")
+
+RUN = textwrap.dedent("""
+    import json, sys, torch, neuron_dynamo
+    from tiny_models import tiny_lm
+    model, make_inputs = tiny_lm()
+    compiled = torch.compile(model, backend="neuron_dynamo", options={"target": "reference"})
+    for batch, seq in json.loads(sys.argv[1]):
+        inputs = make_inputs(batch, seq)
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(*inputs), model(*inputs))
+    print(json.dumps({k: v for k, v in neuron_dynamo.stats().items() if k.startswith("cache.")}))
+""")
+
+
+def run_python(code, *args, cwd):
+    result = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=cwd,
+                            env=os.environ)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result
+
+
+@pytest.fixture
+def pinned_sources(tmp_path, monkeypatch):
+    """Subprocesses (and their workers) compute keys with a pinned source hash.
+
+    The key includes a hash of the package sources (tested on its own); other code may be edited while a test's
+    processes run one after the other, so the test pins that one fact, through a sitecustomize every process loads.
+    """
+    site = tmp_path / "pinned_site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import neuron_dynamo.cache_key as _key\n_key.source_hash = lambda: 'pinned-for-test'\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])))
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    path = tmp_path / "cache"
+    monkeypatch.setenv("NEURON_DYNAMO_CACHE_DIR", str(path))
+    return path
+
+
+def test_warm_with_workers_then_a_fresh_run_has_no_miss(tmp_path, cache_dir, pinned_sources):
+    (tmp_path / "tiny_models.py").write_text(FACTORY)
+    warm = "import sys; from neuron_dynamo.cli import main; sys.exit(main(sys.argv[1:]))"
+    result = run_python(
+        warm, "warm", "tiny_models:tiny_lm", "--batch-sizes", "1,2", "--seq-lens", "8,24", "--workers", "2",
+        "-o", "target=reference", "--summary", str(tmp_path / "summary.json"), cwd=tmp_path,
+    )
+    assert "done 4 / remaining 0" in result.stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["done"] == 4 and summary["failed"] == 0, summary
+    assert summary["cache"]["cache.misses"] >= 4
+    assert {entry.meta["label"] for entry in CompileCache(root=cache_dir).entries()} == {"tiny_models:tiny_lm"}
+
+    # a real run: its first shape is a static graph, the next ones go through the dynamic graph and its buckets
+    stats = json.loads(run_python(RUN, "[[2, 24], [1, 8], [2, 8]]", cwd=tmp_path).stdout.strip().splitlines()[-1])
+    assert stats.get("cache.misses", 0) == 0 and stats["cache.hits"] >= 2
+
+
+def test_help_documents_every_command_and_option(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0
+    top = capsys.readouterr().out
+    for command in ("warm", "ls", "verify", "prune", "clear-locks", "--cache-dir"):
+        assert command in top
+    expected = {
+        "warm": ("--seq-lens", "--batch-sizes", "--dtype", "--train", "--workers", "--summary", "--option",
+                 "--dynamic", "--random-weights", "module:factory", "Hugging Face"),
+        "ls": ("--json",),
+        "prune": ("--max-size", "--older-than"),
+    }
+    for command, words in expected.items():
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        text = capsys.readouterr().out
+        for word in words:
+            assert word in text, (command, word)
+
+
+def test_ls_verify_prune_clear_locks(cache_dir, capsys):
+    cache = CompileCache(root=cache_dir)
+    keys = [make_key({"n": n}) for n in range(3)]
+    for n, key in enumerate(keys):
+        cache.put(key, bytes(1000), {"target": "reference", "label": "tiny", "input_shapes": [[2, 8]]})
+        path = next(cache_dir.glob(f"v1/entries/*/{key}.entry"))
+        os.utime(path, (time.time() - 3600 * (3 - n),) * 2)  # keys[0] is the least recently used
+
+    assert main(["ls"]) == 0
+    out = capsys.readouterr().out
+    assert "3 entries" in out and keys[0][:16] in out and "tiny" in out and "2x8" in out
+    assert main(["ls", "--json"]) == 0
+    assert [entry["key"] for entry in json.loads(capsys.readouterr().out)] == keys
+
+    assert main(["verify"]) == 0
+    path = next(cache_dir.glob(f"v1/entries/*/{keys[2]}.entry"))
+    path.write_bytes(path.read_bytes()[:-5])
+    assert main(["verify"]) == 1
+    assert f"corrupt: {keys[2]}" in capsys.readouterr().out
+
+    assert main(["prune", "--older-than", "150m"]) == 0  # keys[0] was last used 3 h ago
+    assert [entry.key for entry in cache.entries()] == [keys[1]]
+    assert main(["prune"]) == 2 and "--max-size" in capsys.readouterr().err
+
+    (cache_dir / "v1" / "locks").mkdir(parents=True, exist_ok=True)
+    (cache_dir / "v1" / "locks" / f"{keys[1]}.lock").write_text('{"pid": 1, "host": "elsewhere"}')
+    assert main(["clear-locks"]) == 0
+    assert "removed 1 lock" in capsys.readouterr().out
+
+
+def test_bad_arguments_are_clear_errors(tmp_path, cache_dir, capsys):
+    assert main(["warm", "no_such_module:factory"]) == 2
+    assert "cannot load the model factory" in capsys.readouterr().err
+    assert main(["warm", "tiny_models:tiny_lm", "-o", "no_such_option=1"]) == 2
+    assert "unknown option" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["prune", "--max-size", "lots"])
+    assert "is not a size" in capsys.readouterr().err
+
+
+def test_size_and_age_units():
+    assert parse_size("20G") == 20 * 2**30 and parse_size("512M") == 512 * 2**20 and parse_size("100") == 100
+    assert parse_age("30d") == 30 * 86400 and parse_age("90") == 90.0 and parse_age("2h") == 7200
+    assert build_parser().parse_args(["warm", "m:f", "--seq-lens", "128,256"]).seq_lens == [128, 256]
