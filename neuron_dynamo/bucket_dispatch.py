@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 
 import sympy
@@ -225,9 +226,11 @@ class BucketedGraph:
         key = ("bucket" if padded else "exact", *(sizes[s] for s in self.plan.symbols))
         shown = f"{key[0]}[{_show(sizes)}]"
         if key not in self._programs:
+            start = time.perf_counter()
             graph = self.proof.graph if padded else self.gm
             static = specialize(graph, sizes)
             run = self.compile_static(static.gm, static.example_inputs)
+            counters.bump("bucketing.compile_seconds", time.perf_counter() - start)
             report = getattr(run, "report", None)
             if report is not None and hasattr(report, "bucket"):
                 report.bucket = shown

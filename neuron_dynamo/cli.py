@@ -16,6 +16,7 @@ import importlib
 import json
 import multiprocessing
 import os
+import queue as queue_module
 import re
 import sys
 import time
@@ -88,7 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Compile every graph of MODEL for every batch size x sequence length, by running it under "
         "torch.compile(backend='neuron_dynamo') with the same options as the real run (forward under "
         "torch.no_grad(); with --train also forward+backward of a training step). Keys match the real run "
-        "only if it uses the same options, dtype, dynamic setting and calling convention.",
+        "only if it uses the same options, dtype, dynamic setting and calling convention. Shapes are spread over "
+        "--workers processes; a progress line shows done / remaining / locked (keys other processes are "
+        "compiling) / failed. Exit status 1 if any shape failed (the others are still stored).",
     )
     warm.add_argument("model", help="`package.module:factory` (factory() returns (model, make_inputs), "
                       "make_inputs(batch_size, seq_len) returns the positional args or a dict of keyword args), "
@@ -100,8 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     warm.add_argument("--train", action="store_true", help="also compile training steps (forward + backward)")
     warm.add_argument("--dynamic", choices=tuple(DYNAMIC), default="auto",
                       help="torch.compile's dynamic= of the real run. auto (Dynamo's default): each shape is "
-                      "compiled once as a process's first call and once more in a run over all shapes (the "
-                      "bucketed dynamic graph); true: one dynamic compile over all shapes; false: each shape static")
+                      "compiled as a process's first call (a static graph), then all shapes go through one compile "
+                      "whose first two calls change every dimension given 2+ values (the dynamic graph and its "
+                      "buckets); true: one dynamic compile over all shapes; false: each shape static")
     warm.add_argument("--option", "-o", action="append", type=parse_option, default=[], metavar="NAME=VALUE",
                       help="a backend option, as in torch.compile(options={...}); repeatable, e.g. -o target=simulator")
     warm.add_argument("--random-weights", action="store_true",
@@ -314,7 +318,12 @@ def warm(ns: argparse.Namespace, cache: CompileCache) -> int:
             process.start()
         running = len(processes)
         while running:
-            kind, value = queue.get()
+            try:
+                kind, value = queue.get(timeout=1.0)
+            except queue_module.Empty:
+                if not any(process.is_alive() for process in processes):
+                    break  # a worker died without a word (killed, crashed): its tasks are reported as failed
+                continue
             if kind == "task":
                 task = Task(**value)
                 finished[(task.batch_size, task.seq_len)] = task

@@ -15,8 +15,8 @@ constants) are not stored either: the key covers their content (canonical.py), a
 from the graph being compiled, matched by the position of their `get_attr` node, never by attribute name.
 
 Graphs are written as JSON node lists, not pickles: a stored op is named (`aten.mm.default`, a registry kernel by
-op and target, a function of `operator`/`torch`), and loading resolves names against an allow-list, so an entry can
-name code but cannot carry any.
+op and target, a function of `operator`/`torch`), and loading resolves names against an allow-list, so the
+program part of an entry can name code but cannot carry any. A region artifact is the target's business.
 """
 
 from __future__ import annotations
@@ -296,7 +296,6 @@ class CacheOutcome:
     """How one static program was obtained: `status` hit, miss, bypass (built, not storable) or off."""
 
     status: str
-    key: str = ""
     seconds_saved: float = 0.0  # on a hit: the stored compile time minus the time loading took
 
 
@@ -325,7 +324,8 @@ def cached_program(
         _publish(before, cache.stats)
     saved = max(0.0, stored_seconds - (time.perf_counter() - start)) if status == "hit" else 0.0
     counters.bump("cache.seconds_saved", saved)
-    return program, CacheOutcome(status, key, saved)
+    log.debug("compile cache %s for key %s… (%s)", status, key[:16], cache.root)
+    return program, CacheOutcome(status, saved)
 
 
 def _through_cache(cache, key, gm, options, target, build, wrap) -> tuple[BuiltProgram, str, float]:
@@ -336,8 +336,8 @@ def _through_cache(cache, key, gm, options, target, build, wrap) -> tuple[BuiltP
         built_now.append(built)
         try:
             payload = encode_program(built, gm, target)
-        except UncacheableError as exc:
-            log.info("program not cached: %s", exc)
+        except Exception as exc:  # a target's serializer may refuse too: the program then runs uncached
+            log.info("program not cached: %s: %s", type(exc).__name__, exc)
             return None, {}
         meta = {
             "target": target.name,
@@ -361,7 +361,7 @@ def _through_cache(cache, key, gm, options, target, build, wrap) -> tuple[BuiltP
         return built_now[0], "miss" if entry.payload is not None else "bypass", 0.0
     try:
         module, report = decode_program(entry.payload, gm, target, wrap)
-    except (UncacheableError, ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
+    except Exception as exc:  # whatever a stored program fails with, it is a miss: never a crash, never served
         cache.discard(key, f"{type(exc).__name__}: {exc}")
         if cache.mode == "on":
             entry = cache.get_or_compile(key, compile_fn, True, accept=accept, record_failures=False)

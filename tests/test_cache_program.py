@@ -222,6 +222,25 @@ def test_unusable_entry_is_quarantined_and_compiled_again(cache_dir, monkeypatch
     assert len(list(cache_dir.glob("v1/quarantine/*"))) == 1
 
 
+def test_unusable_entry_in_a_readonly_cache_is_compiled_without_it(cache_dir, monkeypatch):
+    import neuron_dynamo.program_cache as program_cache
+
+    gm, inputs = traced()
+    compile_static(gm, inputs, options(), REFERENCE)
+    monkeypatch.setattr(program_cache, "PROGRAM_FORMAT", 999)
+    program = compile_static(gm, inputs, options(cache="readonly"), REFERENCE)
+    assert program.report.cache == "miss"
+    torch.testing.assert_close(program(*inputs), mlp(*inputs))
+    assert len(list(cache_dir.glob("v1/entries/*/*.entry"))) == 1  # a read-only cache is left as it is
+
+
+def test_cache_options_reach_the_store(tmp_path):
+    from neuron_dynamo.program_cache import cache_for
+
+    store = cache_for(options(cache_dir=str(tmp_path / "elsewhere"), cache_max_mb=2, cache_failure_ttl=60))
+    assert store.root == tmp_path / "elsewhere" and store.max_bytes == 2 * 2**20 and store.failure_ttl == 60
+
+
 def test_graph_constants_are_matched_by_position_not_by_name(cache_dir):
     def build(first, second):
         graph = fx.Graph()
@@ -267,10 +286,19 @@ class OpaqueTarget:
         return lambda *args: lowered(*args)
 
 
-def test_a_program_that_cannot_be_stored_is_a_bypass_and_still_runs(cache_dir):
+@dataclasses.dataclass(frozen=True)
+class RefusingTarget(OpaqueTarget):
+    """A target whose serializer refuses some regions with its own error."""
+
+    def serialize_region(self, compiled, lowered):
+        raise RuntimeError("this region reads a graph constant: not stored")
+
+
+@pytest.mark.parametrize("target", [OpaqueTarget(), RefusingTarget()], ids=["no serializer", "serializer refuses"])
+def test_a_program_that_cannot_be_stored_is_a_bypass_and_still_runs(cache_dir, target):
     gm, inputs = traced()
     counters.reset_stats()
-    program = compile_static(gm, inputs, options(), OpaqueTarget())
+    program = compile_static(gm, inputs, options(), target)
     assert program.report.cache == "bypass"
     torch.testing.assert_close(program(*inputs), mlp(*inputs))
     assert cache_stats()["cache.bypasses"] == 1 and "cache.misses" not in cache_stats()
@@ -352,3 +380,39 @@ def test_stats_and_explain_report_the_cache(cache_dir):
     assert first.to_dict()["totals"]["cache"]["misses"] == 1
     stats = neuron_dynamo.stats()
     assert stats["cache.misses"] == 1
+
+
+CONCURRENT = textwrap.dedent("""
+    import json, sys, time, torch
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from neuron_dynamo.compiler import compile_static
+    from neuron_dynamo.options import resolve_options
+    from neuron_dynamo.toolchain import REFERENCE
+
+    class LoggedSlowTarget:
+        name = "reference"
+        def supports(self, node):
+            return None
+        def compile_region(self, lowered, example_inputs):
+            with open(sys.argv[1], "a") as log:
+                log.write("compiled\\n")
+            time.sleep(1.0)  # long enough for every process to reach the key's lock
+            return lowered
+
+    def fn(x, w):
+        return torch.tanh(x @ w) * 3.0
+    inputs = [torch.ones(4, 8), torch.full((8, 2), 0.1)]
+    program = compile_static(make_fx(fn)(*inputs), inputs, resolve_options({}), LoggedSlowTarget())
+    torch.testing.assert_close(program(*inputs), fn(*inputs))
+    print(program.report.cache)
+""")
+
+
+def test_concurrent_processes_compile_one_program_once(tmp_path, cache_dir, pinned_sources):
+    log = tmp_path / "compiles.log"
+    processes = [subprocess.Popen([sys.executable, "-c", CONCURRENT, str(log)], stdout=subprocess.PIPE, text=True,
+                                  env=os.environ) for _ in range(4)]
+    statuses = sorted(process.communicate(timeout=300)[0].strip().splitlines()[-1] for process in processes)
+    assert [process.returncode for process in processes] == [0, 0, 0, 0]
+    assert log.read_text().count("compiled") == 1
+    assert statuses == ["hit", "hit", "hit", "miss"]

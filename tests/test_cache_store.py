@@ -4,7 +4,6 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -31,16 +30,9 @@ def test_round_trip_and_hit_counts(tmp_path):
     assert fresh.get(KEY).payload == b"kernel bytes"
 
 
-def test_key_is_stable_across_hash_seeds_and_order():
-    code = "from neuron_dynamo.cache import make_key; print(make_key({'b': [1, 2], 'a': {'y': 1, 'x': 2}}))"
-    keys = {
-        subprocess.run(
-            [sys.executable, "-c", code], env={**os.environ, "PYTHONHASHSEED": seed}, capture_output=True,
-            text=True, check=True,
-        ).stdout.strip()
-        for seed in ("0", "1", "12345")
-    }
-    assert keys == {make_key({"a": {"x": 2, "y": 1}, "b": [1, 2]})}
+def test_key_is_independent_of_order():
+    # Stability across PYTHONHASHSEED is tested end to end, in fresh processes, in test_cache_program.py.
+    assert make_key({"b": [1, 2], "a": {"y": 1, "x": 2}}) == make_key({"a": {"x": 2, "y": 1}, "b": [1, 2]})
     assert make_key({"shape": [4, 8]}) != make_key({"shape": [4, 9]})
 
 
@@ -149,30 +141,7 @@ def test_bad_mode_and_key_are_clear_errors(tmp_path):
         CompileCache(root=tmp_path).get("../../etc/passwd")
 
 
-WORKER = textwrap.dedent(
-    """
-    import sys, time
-    from pathlib import Path
-    from neuron_dynamo.cache import CompileCache
-    root, key, log = sys.argv[1], sys.argv[2], Path(sys.argv[3])
-    def compile_once():
-        with log.open("a") as f:
-            f.write("compiled\\n")
-        time.sleep(0.5)
-        return b"artifact", {}
-    entry = CompileCache(root=root).get_or_compile(key, compile_once)
-    assert entry.payload == b"artifact"
-    """
-)
-
-
-def test_concurrent_processes_compile_a_key_once(tmp_path):
-    log = tmp_path / "compiles.log"
-    procs = [
-        subprocess.Popen([sys.executable, "-c", WORKER, str(tmp_path / "cache"), KEY, str(log)]) for _ in range(4)
-    ]
-    assert [p.wait(timeout=120) for p in procs] == [0, 0, 0, 0]
-    assert log.read_text().count("compiled") == 1
+# Four processes compiling one key: tested end to end (compile_static) in test_cache_program.py.
 
 
 def test_lock_of_a_dead_holder_is_released(tmp_path):

@@ -147,3 +147,55 @@ def test_size_and_age_units():
     assert parse_size("20G") == 20 * 2**30 and parse_size("512M") == 512 * 2**20 and parse_size("100") == 100
     assert parse_age("30d") == 30 * 86400 and parse_age("90") == 90.0 and parse_age("2h") == 7200
     assert build_parser().parse_args(["warm", "m:f", "--seq-lens", "128,256"]).seq_lens == [128, 256]
+
+
+def test_warm_a_hugging_face_directory_then_a_training_run_has_no_miss(tmp_path, cache_dir, pinned_sources):
+    import transformers
+
+    model_dir = tmp_path / "tiny-llama"
+    transformers.LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=64,
+    ).save_pretrained(model_dir)  # a config and no weights: the model is built with random weights
+    warm = "import sys; from neuron_dynamo.cli import main; sys.exit(main(sys.argv[1:]))"
+    run_python(warm, "warm", str(model_dir), "--seq-lens", "8", "--train", "--dynamic", "false",
+               "-o", "target=reference", "--summary", str(tmp_path / "summary.json"), cwd=tmp_path)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["done"] == 1 and summary["failed"] == 0
+    assert summary["cache"]["cache.misses"] >= 3  # inference, training forward, training backward
+    assert len(CompileCache(root=cache_dir).entries()) == summary["cache"]["cache.misses"]
+
+    train = textwrap.dedent("""
+        import json, sys, torch, transformers, neuron_dynamo
+        model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.from_pretrained(sys.argv[1]))
+        model.train()
+        ids = torch.randint(0, 64, (1, 8))
+        loss = torch.compile(model, backend="neuron_dynamo", options={"target": "reference"})(input_ids=ids,
+                                                                                                labels=ids).loss
+        loss.backward()
+        print(json.dumps({k: v for k, v in neuron_dynamo.stats().items() if k.startswith("cache.")}))
+    """)
+    stats = json.loads(run_python(train, str(model_dir), cwd=tmp_path).stdout.strip().splitlines()[-1])
+    assert stats.get("cache.misses", 0) == 0 and stats["cache.hits"] >= 2
+
+
+def test_a_failing_shape_is_reported_and_the_others_are_stored(tmp_path, cache_dir, monkeypatch, capsys):
+    (tmp_path / "picky_models.py").write_text(textwrap.dedent("""
+        import torch
+
+        def picky():
+            def make_inputs(batch, seq):
+                if seq == 13:
+                    raise ValueError("this model only takes even lengths")
+                return (torch.randn(batch, seq, 4),)
+            return torch.nn.Linear(4, 2), make_inputs
+    """))
+    monkeypatch.chdir(tmp_path)
+    summary_path = tmp_path / "summary.json"
+    status = main(["warm", "picky_models:picky", "--seq-lens", "8,13", "--dynamic", "false", "-o", "target=reference",
+                   "--summary", str(summary_path)])
+    assert status == 1
+    assert "failed: batch 1 x seq 13: ValueError: this model only takes even lengths" in capsys.readouterr().out
+    summary = json.loads(summary_path.read_text())
+    assert (summary["done"], summary["failed"]) == (1, 1)
+    assert len(CompileCache(root=cache_dir).entries()) >= 1

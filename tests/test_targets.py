@@ -9,7 +9,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from neuron_dynamo.compiler import compile_static
 from neuron_dynamo.lowering import lowers
 from neuron_dynamo.options import Options
-from neuron_dynamo.toolchain import DEVICE_DTYPES, REFERENCE, resolve_target
+from neuron_dynamo.toolchain import DEVICE_DTYPES, SIMULATOR, resolve_target
 
 aten = torch.ops.aten
 calls: list[str] = []
@@ -61,6 +61,6 @@ def test_a_target_refuses_nodes_through_supports():
         "unsupported dtype (bfloat16)"
 
 
-def test_auto_resolves_to_reference_with_the_device_dtypes():
-    assert resolve_target("auto") is REFERENCE
+def test_auto_resolves_to_the_simulator_on_a_cpu_machine_with_the_device_dtypes():
+    assert resolve_target("auto") is SIMULATOR  # no genuine NKI toolchain, no Neuron device here
     assert torch.float64 not in DEVICE_DTYPES and torch.bfloat16 in DEVICE_DTYPES

@@ -37,6 +37,9 @@ __all__ = [
 ]
 
 
+NKI_TARGETS = frozenset({"simulator", "neuron"})  # targets whose regions become NKI kernels
+
+
 class LoweringError(NeuronDynamoError):
     """A region contains an op that has no kernel for the target."""
 
@@ -45,9 +48,9 @@ def lower_region(region: fx.GraphModule, target: str) -> fx.GraphModule:
     """A copy of `region` whose aten ops call the `target` kernels (node metadata kept for later passes).
 
     The NKI targets fuse element-wise chains into generated kernels (`fusion.lower_region_nki`); the reference
-    target maps each op to its torch kernel one to one.
+    target (and any other registered target) maps each op to its kernel one to one.
     """
-    if target != "reference":
+    if target in NKI_TARGETS:
         from neuron_dynamo.lowering.fusion import lower_region_nki
 
         return lower_region_nki(region, target)

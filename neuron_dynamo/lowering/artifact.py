@@ -18,6 +18,7 @@ import torch.fx as fx
 
 from neuron_dynamo.errors import NeuronDynamoError
 from neuron_dynamo.lowering.fusion import FusedKernel
+from neuron_dynamo.lowering.patterns import PATTERN_KERNELS, PatternKernel
 from neuron_dynamo.lowering.registry import Kernel, kernel_for, op_name
 
 FORMAT = 1
@@ -47,15 +48,37 @@ class _Pickler(pickle.Pickler):
             return ("fused", obj.spec, obj.shape)
         if isinstance(obj, torch._ops.OpOverload):
             return ("op", op_name(obj))
+        if isinstance(obj, PatternKernel):
+            return ("pattern", obj.__name__)
         if obj is operator.getitem:
             return ("getitem",)
         return None
+
+
+# What an artifact may name: cache entries hold code, so a planted entry must not reach anything else on load.
+_ALLOWED_CLASSES = {
+    "neuron_dynamo.lowering.codegen": {"GroupSpec", "Ref", "Step"},
+    "neuron_dynamo.lowering.fusion": {"match_strides"},
+    "torch.fx.immutable_collections": {"immutable_dict", "immutable_list"},
+    "builtins": {"slice", "tuple", "list", "dict", "set", "frozenset"},
+    "torch": {"device"},
+}
+_TORCH_VALUE_TYPES = (torch.dtype, torch.memory_format, torch.layout)
 
 
 class _Unpickler(pickle.Unpickler):
     def __init__(self, file: io.BytesIO, built: list[fx.Node]) -> None:
         super().__init__(file)
         self.built = built
+
+    def find_class(self, module: str, name: str) -> Any:
+        if name in _ALLOWED_CLASSES.get(module, ()):
+            return super().find_class(module, name)
+        if module in ("torch", "torch._utils"):  # dtypes, memory formats and layouts are stored by name
+            value = getattr(torch, name.removeprefix("torch."), None)
+            if isinstance(value, _TORCH_VALUE_TYPES):
+                return value
+        raise ArtifactError(f"an artifact names {module}.{name}, which a lowered region never holds")
 
     def persistent_load(self, pid: Any) -> Any:
         kind = pid[0]
@@ -71,6 +94,8 @@ class _Unpickler(pickle.Unpickler):
             return FusedKernel(pid[1], pid[2])
         if kind == "op":
             return _resolve_op(pid[1])
+        if kind == "pattern":
+            return PATTERN_KERNELS[pid[1]]
         if kind == "getitem":
             return operator.getitem
         raise ArtifactError(f"unknown artifact reference {pid!r}")

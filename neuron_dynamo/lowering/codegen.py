@@ -179,7 +179,7 @@ def emitter_for(op: Any) -> ElementwiseEmitter | None:
 
 
 # ------------------------------------------------------------------------------------------------ source generation
-_HEADER = "import nki\nimport nki.isa as nisa\nimport nki.language as nl\n\n"
+HEADER = "import nki\nimport nki.isa as nisa\nimport nki.language as nl\n\n"
 
 
 def elementwise_source(spec: GroupSpec, name: str) -> str:
@@ -213,7 +213,7 @@ def elementwise_source(spec: GroupSpec, name: str) -> str:
         result = emit(emitter, nki_dtype(step.dtype), *args, **kwargs)
         values[index] = _as_tile(emitter, result, nki_dtype(step.dtype))
 
-    lines = [_HEADER, "@nki.jit", f"def {name}({', '.join([*params, 'rows', 'cols'])}):"]
+    lines = [HEADER, "@nki.jit", f"def {name}({', '.join([*params, 'rows', 'cols'])}):"]
     outs = [f"out{k}" for k in range(len(spec.outputs))]
     for out, dtype in zip(outs, out_dtypes, strict=True):
         lines.append(f"    {out} = nl.ndarray((rows, cols), dtype=nl.{dtype}, buffer=nl.shared_hbm)")
@@ -287,7 +287,7 @@ def reduction_source(kind: str, in_dtype: str, out_dtype: str, name: str) -> str
     acc = "float32" if in_dtype.startswith(("float", "bfloat")) or kind in ("sum", "mean") else in_dtype
     finish = "            acc = nl.multiply(acc, 1.0 / cols, dtype=nl.float32)\n" if kind == "mean" else ""
     return (
-        f"{_HEADER}@nki.jit\ndef {name}(x, rows, cols):\n"
+        f"{HEADER}@nki.jit\ndef {name}(x, rows, cols):\n"
         f"    out = nl.ndarray((rows, 1), dtype=nl.{out_dtype}, buffer=nl.shared_hbm)\n"
         f"    for r0 in range(0, rows, {PMAX}):\n"
         f"        pr = min({PMAX}, rows - r0)\n"
@@ -315,7 +315,7 @@ def row_source(kind: str, dtype: str, name: str) -> str:
     `row_moments(x)`:                 (mean, 1/sqrt(var + eps)) per row, fp32 [rows, 1] each
     """
     f32 = "nl.float32"
-    head = [_HEADER, "@nki.jit"]
+    head = [HEADER, "@nki.jit"]
     if kind == "row_moments":
         head.append(f"def {name}(x, rows, cols, eps):")
         head.append(f"    mean_out = nl.ndarray((rows, 1), dtype={f32}, buffer=nl.shared_hbm)")

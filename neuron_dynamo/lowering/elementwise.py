@@ -118,8 +118,7 @@ for _op, _name in (
     (aten.sin, "sin"), (aten.cos, "cos"), (aten.tanh, "tanh"), (aten.erf, "erf"), (aten.sigmoid, "sigmoid"),
     (aten.relu, "relu"), (aten.silu, "silu"), (aten.mish, "mish"),
 ):
-    EMIT = _unary(_name)
-    emits(_op)(EMIT)
+    emits(_op)(_unary(_name))
 
 
 @emits(aten.exp2)

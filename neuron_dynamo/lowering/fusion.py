@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from neuron_dynamo.lowering import codegen
+from neuron_dynamo.lowering import codegen, patterns
 from neuron_dynamo.lowering.codegen import GroupSpec, Ref, Step
 from neuron_dynamo.lowering.registry import kernel_for, kernel_set, lowering_for
 from neuron_dynamo.toolchain.simulator import launch
@@ -89,6 +89,10 @@ def _fusable(node: fx.Node, target: str) -> bool:
 
 def lower_region_nki(region: fx.GraphModule, target: str) -> fx.GraphModule:
     """The region as a graph of NKI kernel calls: fused groups of generated code and per-op kernels."""
+    matched = fx.Graph()
+    matched.output(matched.graph_copy(region.graph, val_map={}))
+    region = fx.GraphModule(region, matched)
+    patterns.rewrite(region)
     graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
     group: list[fx.Node] = []
@@ -108,7 +112,7 @@ def lower_region_nki(region: fx.GraphModule, target: str) -> fx.GraphModule:
     for node in region.graph.nodes:
         if node.op == "output":
             close_group()
-            graph.output(fx.map_arg(node.args[0], env.__getitem__))
+            graph.output(fx.map_arg(node.args[0], lambda value: _as_traced(graph, env[value], value)))
         elif _fusable(node, target):
             if group and node.meta["val"].shape != group[-1].meta["val"].shape:
                 close_group()
@@ -117,11 +121,30 @@ def lower_region_nki(region: fx.GraphModule, target: str) -> fx.GraphModule:
             if group and any(arg in group for arg in node.all_input_nodes):
                 close_group()
             copied = graph.node_copy(node, env.__getitem__)
-            if node.op == "call_function" and node.target is not operator.getitem:
+            if node.op == "call_function" and node.target is not operator.getitem and not isinstance(
+                    node.target, patterns.PatternKernel):
                 copied.target = kernel_for(node.target, target).for_overload(node.target)
             env[node] = copied
     lowered = fx.GraphModule(region, graph, class_name=f"{target.capitalize()}Region")
     return lowered
+
+
+def match_strides(value: torch.Tensor, stride: tuple[int, ...]) -> torch.Tensor:
+    """`value` laid out with the strides the graph was traced with (a copy only when they differ)."""
+    if value.stride() == stride or value.numel() <= 1 or 0 in stride:  # stride 0: an expanded view, kept as is
+        return value
+    return torch.empty_strided(value.shape, stride, dtype=value.dtype).copy_(value)
+
+
+def _as_traced(graph: fx.Graph, lowered: fx.Node, original: fx.Node) -> fx.Node:
+    """A region output in the layout eager produces: kernels write contiguous tensors where eager may not, and the
+    ops after the region (AOTAutograd's views, eager fallbacks with layout-sensitive CPU kernels) rely on it."""
+    value = original.meta.get("val")
+    if not isinstance(value, torch.Tensor) or original.op == "placeholder":
+        return lowered
+    restrided = graph.call_function(match_strides, (lowered, tuple(value.stride())))
+    restrided.meta = dict(original.meta)
+    return restrided
 
 
 def run_single(op: Any, args: tuple, kwargs: dict) -> torch.Tensor:
@@ -146,3 +169,35 @@ def run_single(op: Any, args: tuple, kwargs: dict) -> torch.Tensor:
     spec = GroupSpec(tuple(t.dtype for t in tensors), (step,), (0,))
     (result,) = FusedKernel(spec, expected.shape)(*tensors)
     return result
+
+
+_DECOMPOSED: dict[tuple, fx.GraphModule] = {}
+
+
+def run_decomposed(op: Any, args: tuple, kwargs: dict, target: str = "simulator") -> Any:
+    """Run `op` as the NKI kernels of its PyTorch decomposition, lowered once per shape and argument set.
+
+    For ops whose decomposition is all element-wise work and reductions (group norm and its backward): the
+    decomposition is traced with fake tensors at the call's shapes and lowered like any region.
+    """
+    from torch._decomp import core_aten_decompositions, get_decompositions
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def describe(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return ("tensor", tuple(value.shape), value.dtype, value.stride())
+        return tuple(map(describe, value)) if isinstance(value, (list, tuple)) else value
+
+    tensors = [arg for arg in args if isinstance(arg, torch.Tensor)]
+    key = (op, describe(args), describe(sorted(kwargs.items())))
+    lowered = _DECOMPOSED.get(key)
+    if lowered is None:
+
+        def call(*inputs: torch.Tensor) -> Any:  # the tensors are the graph's inputs, the rest are constants
+            supply = iter(inputs)
+            return op(*[next(supply) if isinstance(a, torch.Tensor) else a for a in args], **kwargs)
+
+        table = {**core_aten_decompositions(), **get_decompositions([op])}
+        traced = make_fx(call, decomposition_table=table, tracing_mode="fake")(*tensors)
+        lowered = _DECOMPOSED[key] = lower_region_nki(traced, target)
+    return lowered(*tensors)

@@ -37,6 +37,18 @@ def group_norm(op, *args, **kwargs):
     return op(*(arg.contiguous() if isinstance(arg, torch.Tensor) else arg for arg in args), **kwargs)
 
 
+@lowers(aten.native_group_norm, aten.native_group_norm_backward, family="norm", target="simulator")
+def group_norm_nki(op, *args, **kwargs):
+    """Group norm as the generated NKI kernels of its decomposition (per-group statistics, then element-wise).
+
+    Its inputs are made contiguous first, as the reference kernel does, for the same PyTorch issue.
+    """
+    from neuron_dynamo.lowering.fusion import run_decomposed
+
+    args = tuple(arg.contiguous() if isinstance(arg, torch.Tensor) else arg for arg in args)
+    return run_decomposed(op, args, kwargs)
+
+
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -73,12 +85,10 @@ def layer_norm(op, x, normalized_shape, weight, bias, eps):
 def _backward_source(dtype: str, has_weight: bool, name: str) -> str:
     """dx = rstd · (g·w - mean(g·w) - x̂ · mean(g·w·x̂)); dw = Σ_rows g·x̂; db = Σ_rows g (GpSimd partition sums)."""
     f32 = "nl.float32"
-    weight = (
-        ["w_rows = broadcast_rows(w, 0, cols, nl.float32)",
-         f"gw = nl.multiply(g, w_rows[0:pr, 0:cols], dtype={f32})"] if has_weight else ["gw = g"]
-    )
+    weight = [f"gw = nl.multiply(g, w_rows[0:pr, 0:cols], dtype={f32})"] if has_weight else ["gw = g"]
+    hoisted = ["    w_rows = broadcast_rows(w, 0, cols, nl.float32)"] if has_weight else []  # once for all rows
     lines = [
-        codegen._HEADER.rstrip("\n"), "from neuron_dynamo.kernels.tiling import broadcast_rows", "", "",
+        codegen.HEADER.rstrip("\n"), "from neuron_dynamo.kernels.tiling import broadcast_rows", "", "",
         "@nki.jit",
         f"def {name}(grad, x, mean, rstd, w, rows, cols):",
         f"    dx = nl.ndarray((rows, cols), dtype=nl.{dtype}, buffer=nl.shared_hbm)",
@@ -86,6 +96,7 @@ def _backward_source(dtype: str, has_weight: bool, name: str) -> str:
         f"    db = nl.ndarray((1, cols), dtype={f32}, buffer=nl.shared_hbm)",
         f"    dw_acc = nl.zeros((1, cols), dtype={f32}, buffer=nl.sbuf)",
         f"    db_acc = nl.zeros((1, cols), dtype={f32}, buffer=nl.sbuf)",
+        *hoisted,
         f"    for r0 in range(0, rows, {codegen.PMAX}):",
         f"        pr = min({codegen.PMAX}, rows - r0)",
     ]

@@ -39,7 +39,8 @@ def _refusal(node: fx.Node) -> str | None:
     value, source = node.meta.get("val"), node.args[0].meta.get("val")
     if not isinstance(value, torch.Tensor) or value.dtype not in codegen.NKI_DTYPES:
         return "a reduction result NKI cannot store"
-    if source.dtype not in codegen.NKI_DTYPES or source.dtype == torch.bool:
+    if source.dtype not in codegen.NKI_DTYPES or (source.dtype == torch.bool and node.target.overloadpacket
+                                                  is not aten.sum):
         return f"a reduction over {source.dtype}"
     if len(node.args) > 1 and isinstance(node.args[1], fx.Node):
         return "reduction dims given by a tensor"
@@ -73,3 +74,29 @@ def reduce(op, x, dims=None, keepdim=False, dtype=None):
     kernel = codegen.compile_source(codegen.reduction_source(kind, in_dtype, codegen.nki_dtype(out_dtype), name), name)
     out = launch(kernel, codegen.to_device(view.contiguous()), rows, cols)
     return codegen.from_device(out.reshape(shape if shape else []), out_dtype).reshape(shape)
+
+
+def _float_refusal(node: fx.Node) -> str | None:
+    source = node.args[0].meta.get("val")
+    if source.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        return f"a variance of {source.dtype}"
+    return _refusal(node) if isinstance(node.meta.get("val"), torch.Tensor) else None
+
+
+@lowers(aten.var, aten.var_mean, family="reduction", target="simulator", accepts=_float_refusal)
+def variance(op, x, dims=None, correction=None, keepdim=False, **kwargs):
+    """Two-pass variance (exact when |mean| ≫ std): a mean kernel, a fused (x - mean)² kernel, a sum kernel."""
+    from neuron_dynamo.lowering.fusion import run_single
+
+    correction = kwargs.get("unbiased", True) if correction is None else correction
+    dims = _dims(x, dims)
+    count = 1
+    for d in dims:
+        count *= x.shape[d]
+    mean = reduce(aten.mean.dim, x, dims, True)
+    squares = run_single(aten.pow.Tensor_Scalar, (run_single(aten.sub.Tensor, (x, mean), {}), 2), {})
+    total = reduce(aten.sum.dim_IntList, squares, dims, keepdim)
+    var = run_single(aten.mul.Tensor, (total, 1.0 / max(count - float(correction), 0.0)), {})
+    if op.overloadpacket is aten.var:
+        return var
+    return var, mean if keepdim else mean.reshape(var.shape)

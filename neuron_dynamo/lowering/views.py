@@ -51,7 +51,7 @@ def access_pattern(op, *args, **kwargs):
 
 def _cat_source(count: int, name: str) -> str:
     params = ", ".join(f"x{i}" for i in range(count))
-    lines = [codegen._HEADER, "@nki.jit", f"def {name}({params}, outer, total, widths):",
+    lines = [codegen.HEADER, "@nki.jit", f"def {name}({params}, outer, total, widths):",
              "    out = nl.ndarray((outer, total), dtype=x0.dtype, buffer=nl.shared_hbm)"]
     offset = "0"
     for i in range(count):
@@ -102,3 +102,36 @@ def embedding(op, weight, indices, padding_idx=-1, scale_grad_by_freq=False, spa
     from neuron_dynamo.kernels.embedding import embedding_kernel
 
     return launch(embedding_kernel, codegen.to_device(indices.contiguous()), weight.contiguous())
+
+
+def _scatter_source(name: str) -> str:
+    return (f"{codegen.HEADER}@nki.jit\ndef {name}(base, src, outer, width, start, stop):\n"
+            "    out = nl.ndarray((outer, width), dtype=base.dtype, buffer=nl.shared_hbm)\n"
+            "    nisa.dma_copy(dst=out, src=base)\n"
+            "    nisa.dma_copy(dst=out[0:outer, start:stop], src=src)\n"
+            "    return out\n")
+
+
+def _slice_scatter_refusal(node: fx.Node) -> str | None:
+    base, src = (arg.meta["val"] for arg in node.args[:2])
+    step = node.args[5] if len(node.args) > 5 else node.kwargs.get("step", 1)
+    if step != 1 or base.dtype != src.dtype or base.dtype not in codegen.NKI_DTYPES:
+        return "a strided or casting slice_scatter"
+    return None
+
+
+@lowers(aten.slice_scatter, family="views", target="simulator", accepts=_slice_scatter_refusal)
+def slice_scatter(op, base, src, dim=0, start=None, end=None, step=1):
+    """base with src written into base[..., start:end, ...]: two DMAs over [outer, dim · inner] views."""
+    dim = dim % base.dim()
+    size = base.shape[dim]
+    start, end = slice(start, end).indices(size)[:2]
+    outer, inner = math.prod(base.shape[:dim]), math.prod(base.shape[dim + 1:])
+    if base.numel() == 0 or end <= start:
+        return base.clone()
+    name = codegen.source_name("slice_scatter", "v1")
+    kernel = codegen.compile_source(_scatter_source(name), name)
+    out = launch(kernel, codegen.to_device(base.contiguous()).reshape(outer, size * inner),
+                 codegen.to_device(src.contiguous()).reshape(outer, (end - start) * inner), outer, size * inner,
+                 start * inner, end * inner)
+    return codegen.from_device(out.reshape(base.shape), base.dtype)

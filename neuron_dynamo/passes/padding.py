@@ -242,12 +242,12 @@ def _fill_for(dtype: torch.dtype, value: float):
     return int(value)
 
 
-# Element-wise ops that map finite inputs to finite outputs (no overflow, no pole).
+# Element-wise ops that map finite inputs to finite outputs (no overflow, no pole, no scalar that could be inf).
 _BOUNDED = {
     "aten.neg", "aten.abs", "aten.relu", "aten.sigmoid", "aten.tanh", "aten.sin", "aten.cos", "aten.clamp",
     "aten.silu", "aten.gelu", "aten.sign", "aten.floor", "aten.ceil", "aten.round", "aten.trunc", "aten.clone",
-    "aten.where", "aten.masked_fill", "aten.hardtanh", "aten.leaky_relu", "aten.maximum", "aten.minimum",
-    "aten.alias", "aten.detach", "aten.lift_fresh_copy", "aten.contiguous", "aten.fill",
+    "aten.hardtanh", "aten.leaky_relu", "aten.maximum", "aten.minimum", "aten.alias", "aten.detach",
+    "aten.lift_fresh_copy", "aten.contiguous",
 }  # fmt: skip
 _CASTS = {"aten._to_copy", "prims.convert_element_type", "aten.to"}
 _IDENTITY_BOUND = {"aten.clone", "aten.alias", "aten.detach", "aten._to_copy", "prims.convert_element_type",
@@ -292,7 +292,6 @@ class _Analysis:
         placeholders = [n for n in nodes if n.op == "placeholder"]
         self._first_compute = next(n for n in nodes if n.op != "placeholder")
         anchor = placeholders[-1] if placeholders else None
-        self.real_inputs = {}
         for symbol in self.symbols:
             if anchor is None:
                 with self.graph.inserting_before(self._first_compute):
@@ -300,7 +299,6 @@ class _Analysis:
             else:
                 with self.graph.inserting_after(anchor):
                     anchor = self.graph.placeholder(f"real_{symbol}")
-            self.real_inputs[symbol] = anchor
             self._real_nodes[symbol] = anchor
         for node in nodes:
             self.visit(node)
@@ -383,13 +381,6 @@ class _Analysis:
             return state.dims
         exprs = _exprs(arg) if isinstance(arg, fx.Node) else None
         return tuple(None for _ in exprs) if exprs is not None else ()
-
-    def _tensor_args(self, node: fx.Node) -> list[fx.Node]:
-        found = []
-        for arg in node.all_input_nodes:
-            if self.tensor(arg) is not None:
-                found.append(arg)
-        return found
 
     def _touches_padding(self, node: fx.Node) -> bool:
         if any(self.tensor(a) is not None and self.tensor(a).padded for a in node.all_input_nodes):

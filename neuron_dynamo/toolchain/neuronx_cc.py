@@ -147,6 +147,21 @@ class NeuronTarget:
                             flags=self.flags, timeout=self.timeout, executable=self.executable)
         return NeuronRegion(lowered_region, neff)
 
+    def serialize_region(self, compiled: NeuronRegion, lowered_region: fx.GraphModule) -> bytes:
+        """The NEFF and the lowered graph that launches the region's kernels: length-prefixed NEFF, then the graph."""
+        from neuron_dynamo.lowering.artifact import dump_region
+
+        return len(compiled.neff).to_bytes(8, "little") + compiled.neff + dump_region(lowered_region)
+
+    def load_region(self, data: bytes) -> NeuronRegion:
+        """The inverse of `serialize_region`: no neuronx-cc run."""
+        from neuron_dynamo.lowering.artifact import load_region
+
+        size = int.from_bytes(data[:8], "little")
+        if len(data) < 8 + size:
+            raise CompilerError("a truncated neuron region artifact")
+        return NeuronRegion(load_region(data[8 + size:]), data[8:8 + size])
+
     def cache_facts(self) -> dict[str, Any]:
         """What changes a NEFF besides the graph: the compiler binary, its flags, platform and LNC."""
         with open(self.executable, "rb") as fh:

@@ -16,8 +16,8 @@ import dataclasses
 import hashlib
 import importlib.util
 import os
-from pathlib import Path
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch

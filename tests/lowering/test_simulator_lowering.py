@@ -123,7 +123,8 @@ def test_layer_norm_forward_and_backward():
         torch.testing.assert_close(a, t.grad, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("causal,masked,kv_heads,seq", [(True, False, 4, 12), (False, True, 2, 130), (False, False, 1, 5)])
+@pytest.mark.parametrize(("causal", "masked", "kv_heads", "seq"),
+                         [(True, False, 4, 12), (False, True, 2, 130), (False, False, 1, 5)])
 def test_attention_forward_and_backward_with_padding(causal, masked, kv_heads, seq):
     torch.manual_seed(seq)
     q = torch.randn(2, 4, seq, 16, requires_grad=True)
@@ -166,3 +167,10 @@ def test_estimated_device_time_reaches_the_report_and_stats():
     assert stats["estimated_device_ns"] == pytest.approx(graph.estimated_device_ns)
     assert stats[f"estimated_device_ns.{graph.name}.{graph.kind}"] == pytest.approx(graph.estimated_device_ns)
     assert "est. device us" in str(report)
+
+
+def test_slice_scatter_and_a_count_of_booleans():
+    def fn(base, src, x):
+        return torch.slice_scatter(base, src, 1, 2, 5), (x > 0).sum()
+
+    assert_matches(fn, torch.randn(3, 7, 4), torch.randn(3, 3, 4), torch.randn(5, 5))

@@ -199,3 +199,20 @@ def test_hbm_views_match_numpy_and_sbuf_keeps_rank(data, shape):
     sb = seen["sbuf"]
     assert sb.size == a[key].size and sb.ndim >= min(2, len(shape))
     np.testing.assert_array_equal(sb.reshape(-1), a[key].reshape(-1))
+
+
+def test_fast_bf16_casts_match_ml_dtypes_bit_for_bit():
+    from neuron_dynamo.nki import dtypes
+
+    rng = np.random.default_rng(0)
+    bits = rng.integers(0, 2**32, size=200_000, dtype=np.uint64).astype(np.uint32)
+    special = np.array([0x00000000, 0x80000000, 0x7F800000, 0xFF800000, 0x00000001, 0x007FFFFF, 0x3F808000,
+                        0x3F818000, 0x7F7FFFFF], dtype=np.uint32)  # zeros, infs, subnormals, ties, max
+    x = np.concatenate([bits, special]).view(np.float32)
+    ours = dtypes.to_dtype(x, "bfloat16")
+    with np.errstate(invalid="ignore"):  # NaN inputs
+        ref = x.astype(ml_dtypes.bfloat16)
+    nan = np.isnan(x)
+    assert np.isnan(ours[nan].astype(np.float32)).all()
+    np.testing.assert_array_equal(ours[~nan].view(np.uint16), ref[~nan].view(np.uint16))
+    np.testing.assert_array_equal(dtypes.as_f32(ref[~nan]), ref[~nan].astype(np.float32))

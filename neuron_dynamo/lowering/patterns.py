@@ -1,0 +1,182 @@
+"""Region-level pattern matching: op chains that one library kernel computes better than fused element-wise code.
+
+AOTAutograd hands the backend decomposed models: Hugging Face's RMSNorm is pow → mean → add → rsqrt → mul → mul,
+SwiGLU is silu(a) · b, rotary embeddings are mul/slice/neg/cat/mul/add. Before fusion, `rewrite` replaces each
+such chain, when its intermediate values are not needed elsewhere (a training forward saves some of them for the
+backward, and then the chain stays as fused generated code), by one call to the library kernel.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from neuron_dynamo.toolchain.simulator import launch
+
+aten = torch.ops.aten
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+class PatternKernel:
+    """A library-kernel call that replaces a matched chain (a call target of the lowered region)."""
+
+    def __init__(self, name: str, run: Any) -> None:
+        self.__name__ = name
+        self.implementation = run
+        self.__module__ = run.__module__
+
+    def __call__(self, *args: Any) -> Any:
+        return self.implementation(*args)
+
+    def __repr__(self) -> str:
+        return f"PatternKernel({self.__name__})"
+
+
+def _rmsnorm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    from neuron_dynamo.kernels.norms import rmsnorm_kernel
+
+    rows = x.contiguous().reshape(-1, x.shape[-1])
+    return launch(rmsnorm_kernel, rows, None if weight is None else weight.contiguous(), eps).reshape(x.shape)
+
+
+def _silu_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    from neuron_dynamo.kernels.activations import gated_activation_kernel
+
+    return launch(gated_activation_kernel, a.contiguous(), b.contiguous(), "silu")
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    from neuron_dynamo.kernels.rope import rope_kernel
+
+    if cos.shape[0] != x.shape[0]:  # one table for the whole batch: the kernel's [S, D] form
+        cos, sin = cos[0], sin[0]
+    return launch(rope_kernel, x.contiguous(), cos.contiguous(), sin.contiguous())
+
+
+PATTERN_KERNELS = {kernel.__name__: kernel for kernel in (
+    PatternKernel("rmsnorm_kernel", _rmsnorm), PatternKernel("silu_mul_kernel", _silu_mul),
+    PatternKernel("rope_kernel", _rope),
+)}
+
+
+def _is(node: Any, *packets: Any) -> bool:
+    return isinstance(node, fx.Node) and node.op == "call_function" and getattr(
+        node.target, "overloadpacket", None) in packets
+
+
+def _val(node: Any) -> Any:
+    return node.meta.get("val") if isinstance(node, fx.Node) else None
+
+
+def _private(*nodes: fx.Node) -> bool:
+    """Each node is read by exactly one other node (the next one of the chain)."""
+    return all(len(node.users) == 1 for node in nodes)
+
+
+def _replace(graph: fx.Graph, last: fx.Node, name: str, args: tuple) -> None:
+    with graph.inserting_before(last):
+        call = graph.call_function(PATTERN_KERNELS[name], args)
+    call.meta = dict(last.meta)
+    last.replace_all_uses_with(call)
+    graph.erase_node(last)
+
+
+def _match_rmsnorm(graph: fx.Graph, rsqrt: fx.Node) -> bool:
+    add = rsqrt.args[0]
+    if not (_is(add, aten.add) and isinstance(add.args[1], float) and _is(add.args[0], aten.mean)):
+        return False
+    mean = add.args[0]
+    power = mean.args[0]
+    if not (_is(power, aten.pow) and power.args[1] == 2 and list(mean.args[1]) in ([-1], [_val(power).dim() - 1])
+            and len(mean.args) > 2 and mean.args[2]):
+        return False
+    x = power.args[0]
+    (scale,) = rsqrt.users if len(rsqrt.users) == 1 else (None,)
+    if not (_is(scale, aten.mul) and set(scale.args) == {x, rsqrt} and _private(power, mean, add, rsqrt)):
+        return False
+    last, weight = scale, None
+    (user,) = scale.users if len(scale.users) == 1 else (None,)
+    if _is(user, aten.mul) and _val(user).shape == _val(scale).shape:
+        other = user.args[0] if user.args[1] is scale else user.args[1]
+        if _val(other) is not None and _val(other).dim() == 1 and _val(other).dtype == _val(x).dtype:
+            last, weight = user, other
+    if not (_val(x).dtype in FLOAT_DTYPES and _val(last).dtype == _val(x).dtype):
+        return False
+    _replace(graph, last, "rmsnorm_kernel", (x, weight, float(add.args[1])))
+    return True
+
+
+def _match_silu_mul(graph: fx.Graph, mul: fx.Node) -> bool:
+    silu = next((a for a in mul.args[:2] if _is(a, aten.silu)), None)
+    if silu is None or not _private(silu):
+        return False
+    other = mul.args[1] if mul.args[0] is silu else mul.args[0]
+    a, b = _val(silu.args[0]), _val(other)
+    if b is None or a.shape != b.shape or a.dtype != b.dtype or a.dtype not in FLOAT_DTYPES:
+        return False
+    _replace(graph, mul, "silu_mul_kernel", (silu.args[0], other))
+    return True
+
+
+def _rotated_half(cat: fx.Node) -> fx.Node | None:
+    """x when `cat` is rotate_half(x) = cat([-x[..., D/2:], x[..., :D/2]], -1)."""
+    if not (_is(cat, aten.cat) and len(cat.args[0]) == 2 and (cat.args[1] if len(cat.args) > 1 else 0) in (-1, 3)):
+        return None
+    neg, first = cat.args[0]
+    if not (_is(neg, aten.neg) and _is(neg.args[0], aten.slice) and _is(first, aten.slice)):
+        return None
+    second = neg.args[0]
+    x = first.args[0]
+    half = _val(x).shape[-1] // 2
+    if second.args[0] is not x or first.args[1:4] != (3, 0, half) or tuple(second.args[1:3]) != (3, half):
+        return None
+    return x if _private(neg, cat) else None
+
+
+def _unsqueezed_table(node: Any, x: fx.Node) -> fx.Node | None:
+    """cos when `node` is cos.unsqueeze(1) with cos [B or 1, S, D] matching x [B, H, S, D] (dtype included)."""
+    if not (_is(node, aten.unsqueeze) and node.args[1] == 1):
+        return None
+    table, xv = _val(node.args[0]), _val(x)
+    ok = (table.dim() == 3 and table.shape[0] in (1, xv.shape[0]) and tuple(table.shape[1:]) == tuple(xv.shape[2:])
+          and table.dtype == xv.dtype)
+    return node.args[0] if ok else None
+
+
+def _match_rope(graph: fx.Graph, add: fx.Node) -> bool:
+    if len(add.args) != 2 or not all(_is(a, aten.mul) for a in add.args):
+        return False
+    for direct, rotated in (add.args, add.args[::-1]):
+        cat = next((a for a in rotated.args if _is(a, aten.cat)), None)
+        if cat is None or _rotated_half(cat) is None:
+            continue
+        x = _rotated_half(cat)
+        if x not in direct.args:
+            continue
+        cos = _unsqueezed_table(direct.args[1] if direct.args[0] is x else direct.args[0], x)
+        sin = _unsqueezed_table(rotated.args[1] if rotated.args[0] is cat else rotated.args[0], x)
+        if cos is None or sin is None or not _private(direct, rotated) or _val(x).dtype not in FLOAT_DTYPES:
+            continue
+        if _val(x).shape[-1] % 2 or _val(add).dtype != _val(x).dtype:
+            continue
+        _replace(graph, add, "rope_kernel", (x, cos, sin))
+        return True
+    return False
+
+
+def rewrite(gm: fx.GraphModule) -> dict[str, int]:
+    """Replace the matched chains of `gm` (in place) by library-kernel calls; counts per pattern."""
+    found = {"rmsnorm_kernel": 0, "silu_mul_kernel": 0, "rope_kernel": 0}
+    for node in list(gm.graph.nodes):
+        if getattr(node, "_erased", False) or node.op != "call_function":
+            continue
+        if _is(node, aten.rsqrt) and _match_rmsnorm(gm.graph, node):
+            found["rmsnorm_kernel"] += 1
+        elif _is(node, aten.mul) and _match_silu_mul(gm.graph, node):
+            found["silu_mul_kernel"] += 1
+        elif _is(node, aten.add) and _match_rope(gm.graph, node):
+            found["rope_kernel"] += 1
+    gm.graph.eliminate_dead_code()
+    return found
