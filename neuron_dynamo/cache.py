@@ -359,15 +359,12 @@ class CompileCache:
 
     # ---------------------------------------------------------------------------------------------- internals
     def _prepare_root(self) -> None:
-        try:
-            self._base.mkdir(mode=0o700, parents=True, exist_ok=True)
-        except OSError as exc:
-            if self.mode == "readonly" and self._base.is_dir():
+        if self.mode == "readonly":  # never create anything: a missing shared cache just misses
+            if not self._base.is_dir():
+                log.info("read-only compile cache %s does not exist: every program is compiled", self._base)
                 return
-            raise CacheError(
-                f"cannot create the cache directory {self._base}: {exc}. Set NEURON_DYNAMO_CACHE_DIR or the option "
-                "cache_dir to a writable directory, or pass cache='off'"
-            ) from exc
+        else:
+            self._create_base()
         for directory in (self.root, self._base):
             mode = directory.stat().st_mode
             if mode & 0o002:
@@ -375,6 +372,15 @@ class CompileCache:
                     f"the cache directory {directory} is world-writable; cache entries hold code, so anyone could "
                     f"plant a kernel. Run `chmod o-w {directory}` or choose another cache_dir"
                 )
+
+    def _create_base(self) -> None:
+        try:
+            self._base.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise CacheError(
+                f"cannot create the cache directory {self._base}: {exc}. Set NEURON_DYNAMO_CACHE_DIR or the option "
+                "cache_dir to a writable directory, or pass cache='off'"
+            ) from exc
 
     def _entry_path(self, key: str) -> Path:
         if len(key) < 8 or not all(c in "0123456789abcdef" for c in key):

@@ -374,7 +374,7 @@ def _through_cache(cache, key, gm, options, target, build, wrap) -> tuple[BuiltP
 
 
 def _publish(before: Any, after: Any) -> None:
-    for field in ("hits", "misses", "bypasses", "corrupt", "evicted", "failures_cached", "lock_waits"):
+    for field in ("hits", "misses", "bypasses", "corrupt", "evicted", "lock_waits"):
         delta = getattr(after, field) - getattr(before, field)
         if delta:
             counters.bump(f"cache.{field}", delta)

@@ -3,10 +3,12 @@
 import dataclasses
 import json
 import os
+import stat
 import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -416,3 +418,52 @@ def test_concurrent_processes_compile_one_program_once(tmp_path, cache_dir, pinn
     assert [process.returncode for process in processes] == [0, 0, 0, 0]
     assert log.read_text().count("compiled") == 1
     assert statuses == ["hit", "hit", "hit", "miss"]
+
+
+@pytest.fixture
+def slow_fake_neuronx_cc(tmp_path, monkeypatch):
+    """tests/toolchain/fake_neuronx_cc.py on PATH as `neuronx-cc`, sleeping 1 s per compile; returns its run log.
+
+    As in tests/toolchain/test_fake_compiler.py: the genuine toolchain is pretended (`nki_toolchain_info`), the
+    kernels still run on the interpreter.
+    """
+    fake = Path(__file__).parent / "toolchain" / "fake_neuronx_cc.py"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    exe = bin_dir / "neuronx-cc"
+    exe.write_text(f"#!{sys.executable}\nimport runpy, sys\nsys.argv[0] = {str(fake)!r}\n"
+                   f"runpy.run_path({str(fake)!r}, run_name='__main__')\n")
+    exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
+    log = tmp_path / "neuronx_cc_runs.jsonl"
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_NEURONX_CC_LOG", str(log))
+    monkeypatch.setenv("FAKE_NEURONX_CC_MODE", "slow")
+    monkeypatch.setenv("FAKE_NEURONX_CC_SECONDS", "1.0")
+    monkeypatch.setattr("neuron_dynamo.toolchain.targets.nki_toolchain_info",
+                        lambda: {"genuine": True, "provider": "nki", "version": "0.6.0", "target": "trn2"})
+    return log
+
+
+def test_fake_compiler_made_slow_warm_run_skips_neuronx_cc(cache_dir, slow_fake_neuronx_cc):
+    def fn(x, w):
+        return torch.softmax(x @ w, dim=-1) * 2
+
+    args = (torch.randn(16, 8), torch.randn(8, 12))
+    neuron = {"target": "neuron", "cache_tag": "slow-fake-compiler-test"}
+    torch._dynamo.reset()
+    cold = neuron_dynamo.explain(fn, *args, options=neuron)
+    (cold_graph,) = cold.graphs
+    assert cold_graph.cache == "miss" and cold_graph.regions == 1
+    assert len(slow_fake_neuronx_cc.read_text().splitlines()) == 1
+    assert cold_graph.compile_seconds >= 1.0  # the slow compiler ran
+
+    torch._dynamo.reset()  # as a fresh process would: Dynamo compiles again, the backend finds the program
+    counters.reset_stats()
+    warm = neuron_dynamo.explain(fn, *args, options=neuron)
+    (warm_graph,) = warm.graphs
+    assert warm_graph.cache == "hit" and warm_graph.regions == 1
+    assert len(slow_fake_neuronx_cc.read_text().splitlines()) == 1  # neuronx-cc did not run again
+    torch.testing.assert_close(warm.output, fn(*args), atol=1e-5, rtol=1e-5)
+    (entry,) = neuron_dynamo.program_cache.cache_for(resolve_options(neuron)).entries()
+    assert entry.meta["compile_seconds"] >= 1.0 and entry.meta["target"] == "neuron"
+    assert cache_stats()["cache.seconds_saved"] == pytest.approx(warm_graph.cache_seconds_saved)

@@ -122,6 +122,9 @@ def test_readonly_and_off_modes_never_write(tmp_path):
     off = CompileCache(root=tmp_path / "never", mode="off")
     off.get_or_compile(KEY, compile_payload())
     assert off.stats.bypasses == 1 and not (tmp_path / "never").exists()
+    missing = CompileCache(root=tmp_path / "not yet shared", mode="readonly")
+    assert missing.get_or_compile(KEY, compile_payload()).payload == b"kernel bytes"
+    assert missing.entries() == [] and not (tmp_path / "not yet shared").exists()
 
 
 def test_directory_is_private_and_world_writable_is_refused(tmp_path):

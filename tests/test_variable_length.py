@@ -218,7 +218,7 @@ class ClassifyTokens(torch.nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.embed = torch.nn.Embedding(20, 8)
+        self.embed = torch.nn.Embedding(50, 8)  # no weight dim equal to a test length
 
     def forward(self, ids, mask):
         scores = torch.softmax(self.embed(ids).sum(-1), dim=1)
@@ -230,7 +230,7 @@ def test_static_graphs_of_new_lengths_reuse_the_bucket_programs():
     compiled = torch.compile(model, backend="neuron", dynamic=False, options=OPTIONS)
     with torch.no_grad():
         for length in (7, 20, 100, 130):
-            ids = torch.randint(0, 20, (2, length))
+            ids = torch.randint(0, 50, (2, length))
             mask = (torch.rand(2, length) > 0.5).long()
             torch.testing.assert_close(compiled(ids, mask), model(ids, mask))
     stats = neuron_dynamo.stats()
@@ -262,3 +262,32 @@ def test_explain_reports_buckets_waste_and_refusals():
     assert "bucketing" in text and "71.1%" in text
     refused = neuron_dynamo.explain(lambda t: torch.sort(t, 1).values, x, options=OPTIONS)
     assert "sorting/selecting along a padded dim" in str(refused)
+
+
+@pytest.mark.slow
+def test_bucketed_llama_on_the_simulator_target_matches_eager():
+    """The same bucket programs, lowered to NKI kernels and run by the CPU interpreter."""
+    torch.manual_seed(0)
+    model = _tiny_llama().eval()
+    compiled = torch.compile(model, backend="neuron", options={"target": "simulator"})
+    with torch.no_grad():
+        for index, length in enumerate((37, 5, 200, 129)):
+            ids = torch.randint(0, 128, (1, length))
+            if index == 0:
+                torch._dynamo.mark_dynamic(ids, 1)
+            got = compiled(input_ids=ids, use_cache=False).logits
+            torch.testing.assert_close(got, model(input_ids=ids, use_cache=False).logits, atol=1e-4, rtol=1e-4)
+    stats = _bucket_stats()
+    assert stats["bucketing.programs"] == 2 and "bucketing.graphs_refused" not in stats
+
+
+def test_static_graph_whose_float_input_shares_the_length_runs_exact():
+    """ids [3, 7] index values [3, 7, 8]: only the ids would be generalised, so the graph keeps exact shapes."""
+
+    def accumulate(table, ids, values):
+        return torch.ops.aten.index_put(table, [ids], values, True)
+
+    compiled = torch.compile(accumulate, backend="neuron", dynamic=False, options=OPTIONS)
+    table, ids, values = torch.zeros(50, 8), torch.randint(0, 50, (3, 7)), torch.randn(3, 7, 8)
+    torch.testing.assert_close(compiled(table, ids, values), accumulate(table, ids, values))
+    assert neuron_dynamo.stats()["bucketing.static_graphs_exact"] == 1

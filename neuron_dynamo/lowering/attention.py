@@ -76,7 +76,8 @@ def _mask(mask, q, sq, sk, sqp, skp):
     return full.contiguous()
 
 
-def _forward(q, k, v, is_causal, mask, scale):
+def attend(q, k, v, is_causal, mask, scale):
+    """(out, lse) of the flash kernel for [B, H, S, D] operands of any sequence length (padded to 128)."""
     from neuron_dynamo.kernels.attention import attention_kernel
 
     sq, sk = q.shape[2], k.shape[2]
@@ -89,12 +90,12 @@ def _forward(q, k, v, is_causal, mask, scale):
 
 @lowers(aten._scaled_dot_product_flash_attention_for_cpu, family="attention", target="simulator", accepts=_refusal)
 def flash_attention(op, query, key, value, dropout_p=0.0, is_causal=False, attn_mask=None, scale=None):
-    return _forward(query, key, value, is_causal, attn_mask, scale)
+    return attend(query, key, value, is_causal, attn_mask, scale)
 
 
 @lowers(aten.scaled_dot_product_attention, family="attention", target="simulator", accepts=_refusal)
 def sdpa(op, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-    return _forward(query, key, value, is_causal, attn_mask, scale)[0]
+    return attend(query, key, value, is_causal, attn_mask, scale)[0]
 
 
 @lowers(aten._scaled_dot_product_flash_attention_for_cpu_backward, family="attention", target="simulator",

@@ -174,6 +174,27 @@ def run_single(op: Any, args: tuple, kwargs: dict) -> torch.Tensor:
 _DECOMPOSED: dict[tuple, fx.GraphModule] = {}
 
 
+def _describe(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return ("tensor", tuple(value.shape), value.dtype, value.stride())
+    return tuple(map(_describe, value)) if isinstance(value, (list, tuple)) else value
+
+
+def run_traced(name: str, fn: Any, tensors: list[torch.Tensor], target: str = "simulator") -> Any:
+    """Run the torch function `fn(*tensors)` as NKI kernels: traced once per shape, lowered like any region.
+
+    For ops best expressed by other ops the NKI targets already lower (a one-hot comparison for an index gather,
+    a one-hot matmul for an index accumulation), the lowering is written as plain torch code.
+    """
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    key = (name, _describe(tensors))
+    lowered = _DECOMPOSED.get(key)
+    if lowered is None:
+        lowered = _DECOMPOSED[key] = lower_region_nki(make_fx(fn, tracing_mode="fake")(*tensors), target)
+    return lowered(*tensors)
+
+
 def run_decomposed(op: Any, args: tuple, kwargs: dict, target: str = "simulator") -> Any:
     """Run `op` as the NKI kernels of its PyTorch decomposition, lowered once per shape and argument set.
 
@@ -183,13 +204,8 @@ def run_decomposed(op: Any, args: tuple, kwargs: dict, target: str = "simulator"
     from torch._decomp import core_aten_decompositions, get_decompositions
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    def describe(value: Any) -> Any:
-        if isinstance(value, torch.Tensor):
-            return ("tensor", tuple(value.shape), value.dtype, value.stride())
-        return tuple(map(describe, value)) if isinstance(value, (list, tuple)) else value
-
     tensors = [arg for arg in args if isinstance(arg, torch.Tensor)]
-    key = (op, describe(args), describe(sorted(kwargs.items())))
+    key = (op, _describe(args), _describe(sorted(kwargs.items())))
     lowered = _DECOMPOSED.get(key)
     if lowered is None:
 

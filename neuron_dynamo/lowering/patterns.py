@@ -1,9 +1,10 @@
 """Region-level pattern matching: op chains that one library kernel computes better than fused element-wise code.
 
 AOTAutograd hands the backend decomposed models: Hugging Face's RMSNorm is pow → mean → add → rsqrt → mul → mul,
-SwiGLU is silu(a) · b, rotary embeddings are mul/slice/neg/cat/mul/add. Before fusion, `rewrite` replaces each
-such chain, when its intermediate values are not needed elsewhere (a training forward saves some of them for the
-backward, and then the chain stays as fused generated code), by one call to the library kernel.
+SwiGLU is silu(a) · b, rotary embeddings are mul/slice/neg/cat/mul/add, eager attention is bmm → softmax → bmm.
+Before fusion, `rewrite` replaces each such chain, when its intermediate values are not needed elsewhere (a
+training forward saves some of them for the backward, and then the chain stays as fused generated code), by one
+call to the library kernel.
 """
 
 from __future__ import annotations
@@ -55,9 +56,19 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     return launch(rope_kernel, x.contiguous(), cos.contiguous(), sin.contiguous())
 
 
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float):
+    """softmax(scale · q kᵀ + mask) v for [N, S, D] operands: the flash kernel with N as the batch of one head."""
+    from neuron_dynamo.lowering.attention import attend
+
+    if mask is not None:
+        mask = mask.expand(q.shape[0], q.shape[1], k.shape[1])[:, None]
+    out, _ = attend(q[:, None], k[:, None], v[:, None], False, mask, scale)
+    return out[:, 0]
+
+
 PATTERN_KERNELS = {kernel.__name__: kernel for kernel in (
     PatternKernel("rmsnorm_kernel", _rmsnorm), PatternKernel("silu_mul_kernel", _silu_mul),
-    PatternKernel("rope_kernel", _rope),
+    PatternKernel("rope_kernel", _rope), PatternKernel("attention_kernel", _attention),
 )}
 
 
@@ -166,9 +177,35 @@ def _match_rope(graph: fx.Graph, add: fx.Node) -> bool:
     return False
 
 
+def _match_attention(graph: fx.Graph, out: fx.Node) -> bool:
+    """bmm(softmax(bmm(q, kᵀ) · scale + mask), v): the explicit attention chain (eager attention implementations)."""
+    probs, v = out.args
+    if not (_is(probs, aten._softmax) and probs.args[1] in (-1, 2) and not probs.args[2] and _private(probs)):
+        return False
+    scores, scale, mask = probs.args[0], 1.0, None
+    if _is(scores, aten.add) and _private(scores) and _val(scores.args[1]) is not None:
+        scores, mask = scores.args
+    if _is(scores, aten.mul, aten.div) and isinstance(scores.args[1], float) and _private(scores):
+        scale = scores.args[1] if _is(scores, aten.mul) else 1.0 / scores.args[1]
+        scores = scores.args[0]
+    if not (_is(scores, aten.bmm) and _private(scores)):
+        return False
+    q, k_t = scores.args
+    qv, kv, vv = _val(q), _val(k_t), _val(v)
+    if qv.shape[-1] > 128 or len({qv.dtype, kv.dtype, vv.dtype}) != 1 or qv.dtype not in FLOAT_DTYPES:
+        return False
+    if mask is not None and (_val(mask).dtype != qv.dtype or _val(mask).dim() != 3):
+        return False
+    with graph.inserting_before(out):
+        k = graph.call_function(aten.transpose.int, (k_t, 1, 2))
+    k.meta["val"] = kv.transpose(1, 2)
+    _replace(graph, out, "attention_kernel", (q, k, v, mask, float(scale)))
+    return True
+
+
 def rewrite(gm: fx.GraphModule) -> dict[str, int]:
     """Replace the matched chains of `gm` (in place) by library-kernel calls; counts per pattern."""
-    found = {"rmsnorm_kernel": 0, "silu_mul_kernel": 0, "rope_kernel": 0}
+    found = dict.fromkeys(PATTERN_KERNELS, 0)
     for node in list(gm.graph.nodes):
         if getattr(node, "_erased", False) or node.op != "call_function":
             continue
@@ -178,5 +215,7 @@ def rewrite(gm: fx.GraphModule) -> dict[str, int]:
             found["silu_mul_kernel"] += 1
         elif _is(node, aten.add) and _match_rope(gm.graph, node):
             found["rope_kernel"] += 1
+        elif _is(node, aten.bmm) and _match_attention(gm.graph, node):
+            found["attention_kernel"] += 1
     gm.graph.eliminate_dead_code()
     return found

@@ -100,3 +100,34 @@ def variance(op, x, dims=None, correction=None, keepdim=False, **kwargs):
     if op.overloadpacket is aten.var:
         return var
     return var, mean if keepdim else mean.reshape(var.shape)
+
+
+def _cumsum_refusal(node: fx.Node) -> str | None:
+    value = node.meta.get("val")
+    if value.dtype not in (torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.int32):
+        return f"a cumsum into {value.dtype}"
+    if node.args[0].meta["val"].shape[node.args[1]] > 4096:
+        return "a cumsum over more than 4096 elements"
+    return None
+
+
+@lowers(aten.cumsum, family="reduction", target="simulator", accepts=_cumsum_refusal)
+def cumsum(op, x, dim, dtype=None):
+    """Prefix sums as a matmul with an upper-triangular ones matrix on TensorE (fp32 accumulation in PSUM).
+
+    Integer sums are exact while they stay below 2²⁴ (fp32's integer range); larger ones raise rather than round.
+    """
+    from neuron_dynamo.lowering.fusion import run_traced
+
+    out_dtype = dtype or (torch.int64 if not x.dtype.is_floating_point else x.dtype)
+    if not out_dtype.is_floating_point and x.numel() and x.to(torch.int64).abs().sum() >= 2**24:
+        raise codegen.CodegenError("an integer cumsum beyond 2**24 is not exact in fp32 PSUM")
+
+    def prefix(x):
+        moved = x.movedim(dim, -1)
+        n = moved.shape[-1]
+        upper = (torch.arange(n).unsqueeze(1) <= torch.arange(n)).to(torch.float32)
+        sums = moved.to(torch.float32).reshape(-1, n) @ upper
+        return sums.reshape(moved.shape).movedim(-1, dim).to(out_dtype)
+
+    return run_traced(f"cumsum:{dim}:{out_dtype}", prefix, [x])

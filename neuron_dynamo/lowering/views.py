@@ -135,3 +135,78 @@ def slice_scatter(op, base, src, dim=0, start=None, end=None, step=1):
                  codegen.to_device(src.contiguous()).reshape(outer, (end - start) * inner), outer, size * inner,
                  start * inner, end * inner)
     return codegen.from_device(out.reshape(base.shape), base.dtype)
+
+
+# ------------------------------------------------------------------------------------------------ index ops
+# Written as one-hot comparisons against an iota of the indexed dim, which the code generator fuses, and (for the
+# accumulating index_put of an embedding backward) a one-hot matmul on TensorE. Exact: `where`, not a product, picks
+# the values, and each one-hot matmul sum adds one term per index.
+
+
+@lowers(aten.scatter, aten.index_put, family="views")
+def index_ops(op, *args, **kwargs):
+    """Reference kernel: torch indexes."""
+    return op(*args, **kwargs)
+
+
+def _last_dim(node: fx.Node, dim: int) -> bool:
+    return dim in (-1, node.args[0].meta["val"].dim() - 1)
+
+
+def _gather_refusal(node: fx.Node) -> str | None:
+    index = node.args[2].meta["val"]
+    if not _last_dim(node, node.args[1]) or index.shape[-1] != 1 or node.meta["val"].dtype not in codegen.NKI_DTYPES:
+        return "a gather other than one index per row along the last dim"
+    return None
+
+
+@lowers(aten.gather, family="views", target="simulator", accepts=_gather_refusal)
+def gather(op, x, dim, index, sparse_grad=False):
+    from neuron_dynamo.lowering.fusion import run_traced
+
+    def pick(x, index):
+        hits = torch.arange(x.shape[-1]) == index
+        return torch.where(hits, x, torch.zeros((), dtype=x.dtype)).sum(-1, keepdim=True, dtype=x.dtype)
+
+    return run_traced("gather", pick, [x, index])
+
+
+def _scatter_refusal(node: fx.Node) -> str | None:
+    if node.target is not aten.scatter.value or not _last_dim(node, node.args[1]):
+        return "a scatter other than of a scalar along the last dim"
+    if node.args[2].meta["val"].shape[-1] != 1 or node.meta["val"].dtype not in codegen.NKI_DTYPES:
+        return "a scatter of more than one index per row"
+    return None
+
+
+@lowers(aten.scatter, family="views", target="simulator", accepts=_scatter_refusal)
+def scatter(op, base, dim, index, value):
+    from neuron_dynamo.lowering.fusion import run_traced
+
+    def put(base, index):
+        return torch.where(torch.arange(base.shape[-1]) == index, torch.tensor(value, dtype=base.dtype), base)
+
+    return run_traced(f"scatter:{value!r}", put, [base, index])
+
+
+def _index_put_refusal(node: fx.Node) -> str | None:
+    base, indices = node.args[0].meta["val"], node.args[1]
+    accumulate = node.args[3] if len(node.args) > 3 else node.kwargs.get("accumulate", False)
+    if not accumulate or len(indices) != 1 or indices[0] is None or base.dim() != 2:
+        return "an index_put other than accumulating rows of a 2-D tensor"
+    if base.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        return f"an index_put into {base.dtype}"
+    return None
+
+
+@lowers(aten.index_put, family="views", target="simulator", accepts=_index_put_refusal)
+def index_put(op, base, indices, values, accumulate=False):
+    """base[ids] += values (the embedding backward) as base + one_hot(ids)ᵀ @ values on TensorE."""
+    from neuron_dynamo.lowering.fusion import run_traced
+
+    def accumulate_rows(base, ids, values):
+        rows = values.reshape(-1, base.shape[-1])
+        one_hot = (ids.reshape(-1, 1) == torch.arange(base.shape[0])).to(base.dtype)
+        return base + one_hot.t() @ rows
+
+    return run_traced("index_put", accumulate_rows, [base, indices[0], values])

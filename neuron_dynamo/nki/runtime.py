@@ -115,6 +115,7 @@ class Kernel:
         self.lnc = lnc
         self.options = dict(options or {})
         self._param_names: list[str] | None = None  # filled (and the signature checked) at the first call
+        self._variants: dict[int, Kernel] = {}  # kernel[lnc] objects, made once
         functools.update_wrapper(self, fn)
 
     def __getitem__(self, lnc) -> Kernel:
@@ -122,7 +123,12 @@ class Kernel:
             lnc = lnc[0]
         if isinstance(lnc, bool) or not isinstance(lnc, int) or lnc not in (1, 2):
             raise NkiValidationError("lnc", f"kernel[{lnc!r}]: the logical NeuronCore degree must be 1 or 2")
-        return Kernel(self.fn, lnc, self.options)
+        if lnc == self.lnc:
+            return self
+        variant = self._variants.get(lnc)
+        if variant is None:
+            variant = self._variants[lnc] = Kernel(self.fn, lnc, self.options)
+        return variant
 
     def __call__(self, *args, **kwargs):
         return self._run(args, kwargs, want_profile=False)

@@ -92,6 +92,25 @@ def is_length_dim(value: torch.Tensor, dim: int) -> bool:
     return integral and value.dim() in (1, 2) and dim == value.dim() - 1 and value.shape[dim] >= 2
 
 
+def _fixes_a_length(gm: fx.GraphModule, values: list[torch.Tensor], lengths: set[int]) -> bool:
+    """Cheap tests, before any retrace, that the graph ties a length to a fixed size.
+
+    A dim of another input with the same size may be the same length (a float `values` tensor indexed by the ids),
+    and only the integer inputs would become symbolic: refuse rather than guess. An integer argument equal to a
+    length (`view(x, [1, 37, 64])`) means the graph bakes it in: the retrace would specialise it back anyway.
+    """
+    for value in values:
+        if any(value.shape[d] in lengths for d in range(value.dim()) if not is_length_dim(value, d)):
+            return True
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        for leaf in torch.utils._pytree.tree_leaves((node.args, node.kwargs)):
+            if isinstance(leaf, int) and not isinstance(leaf, bool) and leaf in lengths:
+                return True
+    return False
+
+
 def generalize(gm: fx.GraphModule) -> fx.GraphModule | None:
     """`gm` (static) retraced with its length dims symbolic, or None when the graph fixes those sizes itself.
 
@@ -105,7 +124,8 @@ def generalize(gm: fx.GraphModule) -> fx.GraphModule | None:
     values = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
     if not all(isinstance(v, torch.Tensor) for v in values):
         return None
-    if not any(is_length_dim(v, d) for v in values for d in range(v.dim())):
+    lengths = {v.shape[d] for v in values for d in range(v.dim()) if is_length_dim(v, d)}
+    if not lengths or _fixes_a_length(gm, values, lengths):
         return None
     mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True)
     fakes = []

@@ -116,3 +116,22 @@ def test_training_step_on_the_simulator_matches_eager(model_case):
     assert {graph.kind for graph in reports} == {"forward", "backward"}
     for graph in reports:
         assert_coverage(graph)
+
+
+@pytest.mark.parametrize("name", ["llama", "bert"])
+def test_bf16_forward_on_the_simulator_is_within_bf16_tolerance(name):
+    torch.manual_seed(0)
+    model = MODELS[name][0]().to(torch.bfloat16).eval()
+    ids = torch.randint(0, VOCAB, (2, 12))
+
+    def hidden(net, tokens):
+        out = net(input_ids=tokens)
+        return out.last_hidden_state if name == "bert" else out.logits
+
+    with torch.no_grad():
+        expected = hidden(model, ids)
+        report = neuron_dynamo.explain(hidden, model, ids, options=SIMULATOR)
+    assert report.output.dtype == torch.bfloat16
+    torch.testing.assert_close(report.output.float(), expected.float(), atol=5e-2, rtol=1.6e-2)
+    (graph,) = report.graphs
+    assert graph.ops_lowered >= 0.9 * graph.ops_total and graph.flops_lowered == graph.flops_total

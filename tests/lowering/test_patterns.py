@@ -72,3 +72,14 @@ def test_an_artifact_naming_anything_else_is_refused_on_load():
     planted = bytes([1]) + pickle.dumps(("placeholder", "x", os.system, ("true",), {}))
     with pytest.raises(ArtifactError, match="posix.system|os.system"):
         load_region(planted)
+
+
+def test_explicit_attention_chain_becomes_the_flash_kernel():
+    def eager_attention(q, k, v, mask):
+        scores = torch.bmm(q, k.transpose(1, 2)) * 0.25 + mask
+        return torch.bmm(torch.softmax(scores, dim=-1), v)
+
+    args = torch.randn(6, 12, 16), torch.randn(6, 20, 16), torch.randn(6, 20, 16), torch.randn(1, 12, 20)
+    lowered, names = lowered_calls(eager_attention, *args)
+    assert names == ["attention_kernel"]
+    torch.testing.assert_close(lowered(*args), eager_attention(*args), atol=1e-5, rtol=1e-5)

@@ -174,3 +174,21 @@ def test_slice_scatter_and_a_count_of_booleans():
         return torch.slice_scatter(base, src, 1, 2, 5), (x > 0).sum()
 
     assert_matches(fn, torch.randn(3, 7, 4), torch.randn(3, 3, 4), torch.randn(5, 5))
+
+
+def test_index_ops_of_the_loss_and_the_embedding_backward():
+    def fn(logits, labels, table, ids, grads):
+        return (torch.gather(logits, 1, labels), torch.scatter(torch.zeros_like(logits), 1, labels, -1.0),
+                torch.ops.aten.index_put(table, [ids], grads, True))
+
+    args = (torch.randn(24, 130), torch.randint(0, 130, (24, 1)), torch.randn(50, 8), torch.randint(0, 50, (3, 7)),
+            torch.randn(3, 7, 8))
+    expected = fn(*args)
+    torch._dynamo.reset()
+    report = neuron_dynamo.explain(fn, *args, options={**STRICT, "bucketing": False})
+    for ours, theirs in zip(report.output, expected, strict=True):
+        torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
+
+
+def test_cumsum_as_a_triangular_matmul():
+    assert_matches(lambda x, m: (x.cumsum(1), m.cumsum(-1)), torch.randn(3, 40, 5), torch.rand(2, 30) > 0.5)
