@@ -7,6 +7,7 @@ of as a dozen element-wise ops. Everything else is decomposed to core aten, so f
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -15,7 +16,9 @@ from torch._decomp import core_aten_decompositions
 from neuron_dynamo.lowering import registered_op_keys
 
 
+@functools.cache
 def decomposition_table() -> dict[torch._ops.OperatorBase, Callable]:
+    """Built once per process: it walks every core-aten decomposition, and every Dynamo graph asks for it."""
     kept = set(registered_op_keys())
     return {
         op: decomposition
