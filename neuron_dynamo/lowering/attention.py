@@ -5,6 +5,10 @@ not a multiple of 128 is padded on the way in: padded keys are masked out with a
 padded query rows are zero and are sliced off (in the backward they carry a zero gradient, so they add nothing
 to dk and dv). torch's `is_causal` is top-left aligned and the kernel's bottom-right aligned: the two agree when
 Sq == Sk, the only causal form accepted.
+
+`_scaled_dot_product_efficient_attention` (the memory-efficient form a graph traced for a GPU contains; CPU torch
+has no kernel for it) runs the same kernels: its `attn_bias` is the additive mask, its lse is padded to a multiple
+of 32 rows, and its backward returns no bias gradient (a bias that needs one is refused).
 """
 
 import torch
@@ -35,7 +39,11 @@ def _refusal(node: fx.Node) -> str | None:
     q, k, v = (a.meta["val"] for a in (node.args[1:4] if backward else node.args[0:3]))
     args = dict(zip(("dropout_p", "is_causal"), node.args[6:8] if backward else node.args[3:5], strict=False))
     args.update(node.kwargs)
-    if args.get("dropout_p", 0.0):
+    return _operands_refusal(q, k, v, args.get("dropout_p", 0.0), args.get("is_causal"), args.get("attn_mask"))
+
+
+def _operands_refusal(q, k, v, dropout_p, is_causal, mask) -> str | None:
+    if dropout_p:
         return "attention with dropout"
     if q.dim() != 4 or q.shape[-1] > TILE:
         return "attention that is not [B, H, S, D] with D ≤ 128"
@@ -43,12 +51,27 @@ def _refusal(node: fx.Node) -> str | None:
         return "attention operands of different or non-float dtypes"
     if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
         return "attention whose kv heads do not divide the query heads"
-    if args.get("is_causal") and q.shape[2] != k.shape[2]:
+    if is_causal and q.shape[2] != k.shape[2]:
         return "causal attention with Sq != Sk (torch aligns top-left, the kernel bottom-right)"
-    mask = args.get("attn_mask")
     if isinstance(mask, fx.Node) and mask.meta["val"].dim() not in (2, 3, 4):
         return "an attention mask that is not 2-D to 4-D"
     return None
+
+
+def _efficient_refusal(node: fx.Node) -> str | None:
+    """The memory-efficient form: (q, k, v, attn_bias, compute_log_sumexp, dropout_p, is_causal) forward,
+    (grad, q, k, v, attn_bias, out, lse, seed, offset, dropout_p, grad_input_mask, is_causal) backward."""
+    backward = "backward" in str(node.target)
+    names = (("grad_out", "query", "key", "value", "attn_bias", "out", "logsumexp", "philox_seed", "philox_offset",
+              "dropout_p", "grad_input_mask", "is_causal") if backward else
+             ("query", "key", "value", "attn_bias", "compute_log_sumexp", "dropout_p", "is_causal"))
+    args = {"dropout_p": 0.0, "is_causal": False, **dict(zip(names, node.args, strict=False)), **node.kwargs}
+    if backward and args["attn_bias"] is not None and args["grad_input_mask"][3]:
+        return "the gradient of an attention bias (the backward kernel computes dq, dk, dv only)"
+    q, k, v = (args[name].meta["val"] for name in ("query", "key", "value"))
+    if isinstance(args["attn_bias"], fx.Node) and args["attn_bias"].meta["val"].dtype == torch.bool:
+        return "a boolean attention bias"
+    return _operands_refusal(q, k, v, args["dropout_p"], args["is_causal"], args["attn_bias"])
 
 
 def _padded(size: int) -> int:
@@ -76,8 +99,9 @@ def _mask(mask, q, sq, sk, sqp, skp):
     return full.contiguous()
 
 
-def attend(q, k, v, is_causal, mask, scale):
-    """(out, lse) of the flash kernel for [B, H, S, D] operands of any sequence length (padded to 128)."""
+def attend(q, k, v, is_causal, mask, scale, lse_len=None):
+    """(out, lse) of the flash kernel for [B, H, S, D] operands of any sequence length (padded to 128); the lse
+    keeps `lse_len` rows (default: the query length) where a caller's layout pads it."""
     from neuron_dynamo.kernels.attention import attention_kernel
 
     sq, sk = q.shape[2], k.shape[2]
@@ -85,7 +109,7 @@ def attend(q, k, v, is_causal, mask, scale):
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     out, lse = launch(attention_kernel, _pad_seq(q, sqp).contiguous(), _pad_seq(k, skp).contiguous(),
                       _pad_seq(v, skp).contiguous(), _mask(mask, q, sq, sk, sqp, skp), bool(is_causal), float(scale))
-    return out[:, :, :sq], lse[:, :, :sq]
+    return out[:, :, :sq], lse[:, :, :sq if lse_len is None else lse_len]
 
 
 @lowers(aten._scaled_dot_product_flash_attention_for_cpu, family="attention", target="simulator", accepts=_refusal)
@@ -102,6 +126,32 @@ def sdpa(op, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, 
         accepts=_refusal)
 def flash_attention_backward(op, grad_out, query, key, value, out, logsumexp, dropout_p=0.0, is_causal=False,
                              attn_mask=None, scale=None):
+    return attend_backward(grad_out, query, key, value, out, logsumexp, is_causal, attn_mask, scale)
+
+
+@lowers(aten._scaled_dot_product_efficient_attention, family="attention", target="simulator",
+        accepts=_efficient_refusal)
+def efficient_attention(op, query, key, value, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False,
+                        scale=None):
+    """The memory-efficient form: its lse is padded to a multiple of 32 rows (empty unless asked for), and the
+    philox seed and offset are placeholders (no dropout is accepted)."""
+    lse_len = -(-query.shape[2] // 32) * 32 if compute_log_sumexp else 0
+    out, lse = attend(query, key, value, is_causal, attn_bias, scale, lse_len)
+    no_rng = torch.zeros((), dtype=torch.int64)
+    return out, lse.float(), no_rng, no_rng.clone()
+
+
+@lowers(aten._scaled_dot_product_efficient_attention_backward, family="attention", target="simulator",
+        accepts=_efficient_refusal)
+def efficient_attention_backward(op, grad_out, query, key, value, attn_bias, out, logsumexp, philox_seed,
+                                 philox_offset, dropout_p, grad_input_mask, is_causal=False, scale=None):
+    dq, dk, dv = attend_backward(grad_out, query, key, value, out, logsumexp[:, :, :query.shape[2]], is_causal,
+                                 attn_bias, scale)
+    return dq, dk, dv, None
+
+
+def attend_backward(grad_out, query, key, value, out, logsumexp, is_causal, mask, scale):
+    """(dq, dk, dv) of the flash backward kernel for [B, H, S, D] operands of any sequence length."""
     from neuron_dynamo.kernels.attention_bwd import attention_backward_kernel
 
     sq, sk = query.shape[2], key.shape[2]
@@ -111,6 +161,6 @@ def flash_attention_backward(op, grad_out, query, key, value, out, logsumexp, dr
     dq, dk, dv = launch(
         attention_backward_kernel, _pad_seq(query, sqp).contiguous(), _pad_seq(key, skp).contiguous(),
         _pad_seq(value, skp).contiguous(), _pad_seq(out, sqp).contiguous(), _pad_seq(grad_out, sqp).contiguous(),
-        lse.float().contiguous(), _mask(attn_mask, query, sq, sk, sqp, skp), bool(is_causal), float(scale),
+        lse.float().contiguous(), _mask(mask, query, sq, sk, sqp, skp), bool(is_causal), float(scale),
     )
     return dq[:, :, :sq], dk[:, :, :sk], dv[:, :, :sk]

@@ -9,11 +9,14 @@ call to the library kernel.
 
 from __future__ import annotations
 
+import heapq
+import operator
 from typing import Any
 
 import torch
 import torch.fx as fx
 
+from neuron_dynamo.lowering import loss
 from neuron_dynamo.toolchain.simulator import launch
 
 aten = torch.ops.aten
@@ -69,6 +72,9 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Te
 PATTERN_KERNELS = {kernel.__name__: kernel for kernel in (
     PatternKernel("rmsnorm_kernel", _rmsnorm), PatternKernel("silu_mul_kernel", _silu_mul),
     PatternKernel("rope_kernel", _rope), PatternKernel("attention_kernel", _attention),
+    PatternKernel("cross_entropy_kernel", loss.cross_entropy),
+    PatternKernel("log_softmax_from_lse", loss.log_softmax_from_lse),
+    PatternKernel("cross_entropy_backward_kernel", loss.cross_entropy_backward),
 )}
 
 
@@ -203,6 +209,87 @@ def _match_attention(graph: fx.Graph, out: fx.Node) -> bool:
     return True
 
 
+def _nll_args(nll: fx.Node, count: int) -> tuple | None:
+    """The positional args of an `nll_loss_*` node when it is the form the library kernel computes: no class
+    weights, a sum or mean reduction, [N, C] log-probabilities of a float dtype, [N] integer labels."""
+    args = nll.args
+    if len(args) != count or nll.kwargs or args[-4 if count == 7 else -3] is not None:
+        return None
+    log_probs, target = (args[1], args[2]) if count == 7 else (args[0], args[1])
+    lp, labels = _val(log_probs), _val(target)
+    if args[-3 if count == 7 else -2] not in (loss.MEAN, loss.SUM) or lp is None or labels is None:
+        return None
+    if lp.dim() != 2 or lp.dtype not in FLOAT_DTYPES or labels.dim() != 1 or labels.dtype not in (
+            torch.int64, torch.int32):
+        return None
+    return args
+
+
+def _match_cross_entropy(graph: fx.Graph, nll: fx.Node) -> bool:
+    """nll_loss_forward(_log_softmax(logits)) → the cross-entropy kernel (and logits - lse where the log-softmax
+    is needed elsewhere: a training forward saves it for the backward)."""
+    args = _nll_args(nll, 5)
+    if args is None:
+        return False
+    log_softmax, target, _, reduction, ignore_index = args
+    if not (_is(log_softmax, aten._log_softmax) and log_softmax.args[1] in (1, -1) and not log_softmax.args[2]):
+        return False
+    logits = log_softmax.args[0]
+    with graph.inserting_before(nll):
+        call = graph.call_function(PATTERN_KERNELS["cross_entropy_kernel"], (logits, target, reduction, ignore_index))
+        lse_val = _val(logits).new_empty((_val(logits).shape[0],), dtype=torch.float32)
+        call.meta = {**nll.meta, "val": (*_val(nll), lse_val)}
+        others = [user for user in log_softmax.users if user is not nll]
+        if others:
+            lse = graph.call_function(operator.getitem, (call, 2))
+            lse.meta["val"] = lse_val
+            rebuilt = graph.call_function(PATTERN_KERNELS["log_softmax_from_lse"], (logits, lse))
+            rebuilt.meta = dict(log_softmax.meta)
+    nll.replace_all_uses_with(call)
+    graph.erase_node(nll)
+    if others:
+        log_softmax.replace_all_uses_with(rebuilt)
+        _restore_topological_order(graph)  # readers of the log-softmax that came before the loss now follow it
+    graph.erase_node(log_softmax)
+    return True
+
+
+def _restore_topological_order(graph: fx.Graph) -> None:
+    """Reorder `graph` so that every node follows its inputs, moving as little as possible (Kahn's algorithm,
+    always taking the ready node that came first). Placeholders keep their order: they are the signature."""
+    order = {node: position for position, node in enumerate(graph.nodes)}
+    waiting = {node: len(node.all_input_nodes) for node in graph.nodes}
+    ready = [(order[node], node.name) for node, count in waiting.items() if count == 0]
+    by_name = {node.name: node for node in graph.nodes}
+    heapq.heapify(ready)
+    placed: list[fx.Node] = []
+    while ready:
+        node = by_name[heapq.heappop(ready)[1]]
+        placed.append(node)
+        for user in node.users:
+            waiting[user] -= 1
+            if waiting[user] == 0:
+                heapq.heappush(ready, (order[user], user.name))
+    if placed != list(graph.nodes):
+        for before, node in zip(placed, placed[1:], strict=False):
+            before.append(node)
+
+
+def _match_cross_entropy_backward(graph: fx.Graph, backward: fx.Node) -> bool:
+    """_log_softmax_backward_data(nll_loss_backward(grad, ...), log_probs) → the cross-entropy backward kernel."""
+    nll, log_probs, dim = backward.args[:3]
+    if not (_is(nll, aten.nll_loss_backward) and _private(nll) and dim in (1, -1)):
+        return False
+    args = _nll_args(nll, 7)
+    if args is None or _val(log_probs).dtype != _val(backward).dtype or _val(log_probs).shape != _val(nll).shape:
+        return False
+    grad, _, target, _, reduction, ignore_index, total_weight = args
+    _replace(graph, backward, "cross_entropy_backward_kernel",
+             (grad, log_probs, target, reduction, ignore_index, total_weight))
+    graph.erase_node(nll)
+    return True
+
+
 def rewrite(gm: fx.GraphModule) -> dict[str, int]:
     """Replace the matched chains of `gm` (in place) by library-kernel calls; counts per pattern."""
     found = dict.fromkeys(PATTERN_KERNELS, 0)
@@ -217,5 +304,9 @@ def rewrite(gm: fx.GraphModule) -> dict[str, int]:
             found["rope_kernel"] += 1
         elif _is(node, aten.bmm) and _match_attention(gm.graph, node):
             found["attention_kernel"] += 1
+        elif _is(node, aten.nll_loss_forward) and _match_cross_entropy(gm.graph, node):
+            found["cross_entropy_kernel"] += 1
+        elif _is(node, aten._log_softmax_backward_data) and _match_cross_entropy_backward(gm.graph, node):
+            found["cross_entropy_backward_kernel"] += 1
     gm.graph.eliminate_dead_code()
     return found

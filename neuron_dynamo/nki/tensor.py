@@ -147,6 +147,11 @@ class NkiTensor:
             "branch on shapes or Python values, or use nl.where / nisa.affine_select",
         )
 
+    def __iter__(self):
+        raise NkiValidationError(
+            "tensor-iteration", "NKI tensors are not iterable; loop over indices: for i in range(t.shape[0]): t[i]"
+        )
+
     def __setitem__(self, key, value) -> None:
         raise NkiValidationError(
             "no-item-assignment",
@@ -434,6 +439,24 @@ class NkiTensor:
         other_axes = tuple(k for k in range(len(pattern)) if k != d)
         oob = np.broadcast_to(oob.any(axis=other_axes, keepdims=True), oob.shape) if other_axes else oob
         return NkiTensor(None, self._s, self._dt, (idx, oob if oob.any() else None, vector_offset))
+
+
+def _no_operator(name):
+    def method(self, *args):
+        raise NkiValidationError(
+            "tensor-operator",
+            f"NKI 0.6 tensors have no `{name}` operator (legacy tiles did); call the instruction instead, e.g. "
+            "nl.add(a, b) / nisa.tensor_tensor(dst, a, b, op=nl.add), and nc_matmul(dst, ...) to accumulate in PSUM",
+        )
+
+    method.__name__ = name
+    return method
+
+
+for _name in ("__add__", "__radd__", "__iadd__", "__sub__", "__rsub__", "__isub__", "__mul__", "__rmul__",
+              "__imul__", "__truediv__", "__rtruediv__", "__itruediv__", "__matmul__", "__rmatmul__", "__neg__",
+              "__pow__", "__lt__", "__le__", "__gt__", "__ge__"):
+    setattr(NkiTensor, _name, _no_operator(_name))
 
 
 def allocate(shape, dtype, buffer, name: str = "", fill=None, site=None) -> NkiTensor:

@@ -163,8 +163,20 @@ def test_tensor_has_no_truth_value_or_item_assignment():
         t = nl.ndarray((2, 2), nl.float32)
         t[0, 0] = 1.0
 
+    def add(a):
+        t = nl.load(a)
+        t += t
+
+    def iterate(a):
+        for _row in nl.load(a):
+            pass
+
     with pytest.raises(NkiValidationError, match="truth value"):
         run(truth)
+    with pytest.raises(NkiValidationError, match="no `__iadd__` operator"):
+        run(add, rand((2, 2)))
+    with pytest.raises(NkiValidationError, match="not iterable"):
+        run(iterate, rand((2, 2)))
     with pytest.raises(NkiValidationError, match="item assignment"):
         run(assign)
 

@@ -1,0 +1,111 @@
+"""Cross-entropy: `nll_loss_forward`/`nll_loss_backward` kept whole, and the library cross-entropy kernels.
+
+AOTAutograd traces `F.cross_entropy` as `_log_softmax → nll_loss_forward` in the forward (the log-softmax is saved
+for the backward) and `nll_loss_backward → _log_softmax_backward_data` in the backward. `patterns.rewrite` turns
+these chains into the library kernels (`kernels.cross_entropy`):
+
+- forward: `cross_entropy_kernel(logits)` gives each row's loss and logsumexp; the reduction (sum, or mean over
+  the rows whose label is not `ignore_index`) is a generated kernel. When the graph saves the log-softmax for the
+  backward, it is rebuilt as `logits - lse` (one fused kernel) instead of a second pass of the softmax kernel.
+- backward: only the log-softmax `y` is saved, and `softmax = exp(y - 0)`, so `cross_entropy_backward_kernel(y,
+  lse=0)` gives `(softmax - onehot) · grad_row` in one pass: the same value as `grad - exp(y) · Σ grad` of the
+  decomposed chain, without materialising the one-hot gradient.
+
+An `nll_loss_*` call that is not part of such a chain runs as the NKI kernels of its decomposition.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+
+from neuron_dynamo.lowering import codegen
+from neuron_dynamo.lowering.registry import lowers
+from neuron_dynamo.toolchain.simulator import launch
+
+aten = torch.ops.aten
+MEAN, SUM = 1, 2  # torch's reduction enum (0 is "none")
+
+
+@lowers(aten.nll_loss_forward, aten.nll_loss_backward, family="loss")
+def nll_loss(op, *args, **kwargs):
+    """Reference kernel: torch computes the loss; on the NKI targets it is the cross-entropy library kernel."""
+    return op(*args, **kwargs)
+
+
+def _refusal(node: fx.Node) -> str | None:
+    backward = node.target.overloadpacket is aten.nll_loss_backward
+    log_probs, target, weight = node.args[1:4] if backward else node.args[0:3]
+    if weight is not None:
+        return "nll_loss with class weights"
+    if log_probs.meta["val"].dim() != 2 or target.meta["val"].dim() != 1:
+        return "nll_loss other than [N, C] log-probabilities with [N] labels"
+    if log_probs.meta["val"].dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        return f"nll_loss of {log_probs.meta['val'].dtype}"
+    return None
+
+
+@lowers(aten.nll_loss_forward, aten.nll_loss_backward, family="loss", target="simulator", accepts=_refusal)
+def nll_loss_decomposed(op, *args):
+    """A lone `nll_loss_*` (not after a log-softmax): the generated kernels of its decomposition (gather, masks,
+    sums)."""
+    from neuron_dynamo.lowering.fusion import run_decomposed
+
+    return run_decomposed(op, args, {})
+
+
+def _labels(target: torch.Tensor, classes: int, ignore_index: int) -> torch.Tensor:
+    """The labels as the kernel reads them (int32), after the bounds check torch itself makes: an out-of-range
+    label would make the indirect DMA read another row."""
+    counted = target[target != ignore_index]
+    if counted.numel() and (counted.min() < 0 or counted.max() >= classes):
+        raise codegen.CodegenError(f"a cross-entropy label is outside [0, {classes}) and is not the ignore_index "
+                                   f"{ignore_index}")
+    return codegen.to_device(target.contiguous())
+
+
+def cross_entropy(logits: torch.Tensor, target: torch.Tensor, reduction: int, ignore_index: int):
+    """(loss, total_weight, lse) of `nll_loss_forward(log_softmax(logits))` for [N, C] logits, reduction sum/mean."""
+    from neuron_dynamo.kernels.cross_entropy import cross_entropy_kernel
+    from neuron_dynamo.lowering.fusion import run_traced
+
+    rows, lse = launch(cross_entropy_kernel, logits.contiguous(), _labels(target, logits.shape[1], ignore_index),
+                       ignore_index)
+    dtype = logits.dtype
+
+    def reduce(rows: torch.Tensor, target: torch.Tensor):
+        counted = (target != ignore_index).to(torch.float32).sum()
+        total = rows.sum()
+        return (total / counted if reduction == MEAN else total).to(dtype), counted.to(dtype)
+
+    loss, total_weight = run_traced(f"cross_entropy:{reduction}:{ignore_index}:{dtype}", reduce, [rows, target])
+    return loss, total_weight, lse
+
+
+def log_softmax_from_lse(logits: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
+    """log_softmax(logits) = logits - logsumexp, from the cross-entropy kernel's lse: one fused kernel."""
+    from neuron_dynamo.lowering.fusion import run_traced
+
+    def subtract(logits: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
+        return (logits - lse.unsqueeze(1)).to(logits.dtype)
+
+    return run_traced("log_softmax_from_lse", subtract, [logits, lse])
+
+
+def cross_entropy_backward(grad: torch.Tensor, log_probs: torch.Tensor, target: torch.Tensor, reduction: int,
+                           ignore_index: int, total_weight: torch.Tensor) -> torch.Tensor:
+    """`_log_softmax_backward_data(nll_loss_backward(grad, ...), log_probs)` for [N, C] log-probabilities."""
+    from neuron_dynamo.kernels.cross_entropy import cross_entropy_backward_kernel
+    from neuron_dynamo.lowering.fusion import run_traced
+
+    n = log_probs.shape[0]
+
+    def row_grads(grad: torch.Tensor, target: torch.Tensor, total_weight: torch.Tensor) -> torch.Tensor:
+        per_row = grad.expand(n) / total_weight if reduction == MEAN else grad.expand(n)
+        # ignored rows get 0, not the kernel's 0 · (g / 0) = nan when every label is ignored
+        return torch.where(target != ignore_index, per_row, torch.zeros((), dtype=grad.dtype)).to(torch.float32)
+
+    grads = run_traced(f"cross_entropy_grads:{reduction}:{ignore_index}", row_grads, [grad, target, total_weight])
+    zero_lse = torch.zeros(n, dtype=torch.float32)  # log_probs are already normalised: softmax = exp(log_probs - 0)
+    return launch(cross_entropy_backward_kernel, log_probs.contiguous(),
+                  _labels(target, log_probs.shape[1], ignore_index), zero_lse, grads.contiguous(), ignore_index)
