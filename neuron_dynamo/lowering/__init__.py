@@ -11,7 +11,17 @@ import operator
 import torch.fx as fx
 
 from neuron_dynamo.errors import NeuronDynamoError
-from neuron_dynamo.lowering import attention, elementwise, loss, matmul, norm, reduction, softmax, views  # noqa: F401
+from neuron_dynamo.lowering import (  # noqa: F401
+    attention,
+    elementwise,
+    indexing,
+    loss,
+    matmul,
+    norm,
+    reduction,
+    softmax,
+    views,
+)
 from neuron_dynamo.lowering.registry import (
     Kernel,
     Lowering,

@@ -69,8 +69,6 @@ def _efficient_refusal(node: fx.Node) -> str | None:
     if backward and args["attn_bias"] is not None and args["grad_input_mask"][3]:
         return "the gradient of an attention bias (the backward kernel computes dq, dk, dv only)"
     q, k, v = (args[name].meta["val"] for name in ("query", "key", "value"))
-    if isinstance(args["attn_bias"], fx.Node) and args["attn_bias"].meta["val"].dtype == torch.bool:
-        return "a boolean attention bias"
     return _operands_refusal(q, k, v, args["dropout_p"], args["is_causal"], args["attn_bias"])
 
 

@@ -275,17 +275,27 @@ def _restore_topological_order(graph: fx.Graph) -> None:
             before.append(node)
 
 
-def _match_cross_entropy_backward(graph: fx.Graph, backward: fx.Node) -> bool:
-    """_log_softmax_backward_data(nll_loss_backward(grad, ...), log_probs) → the cross-entropy backward kernel."""
+def cross_entropy_backward_operands(backward: fx.Node) -> tuple | None:
+    """The cross-entropy backward kernel's operands when `backward` is
+    `_log_softmax_backward_data(nll_loss_backward(grad, ...), log_probs)` in a form it computes, else None.
+    (The softmax lowering asks too: the kernel tiles rows of any length, the generated row kernel does not.)"""
     nll, log_probs, dim = backward.args[:3]
     if not (_is(nll, aten.nll_loss_backward) and _private(nll) and dim in (1, -1)):
-        return False
+        return None
     args = _nll_args(nll, 7)
     if args is None or _val(log_probs).dtype != _val(backward).dtype or _val(log_probs).shape != _val(nll).shape:
-        return False
+        return None
     grad, _, target, _, reduction, ignore_index, total_weight = args
-    _replace(graph, backward, "cross_entropy_backward_kernel",
-             (grad, log_probs, target, reduction, ignore_index, total_weight))
+    return grad, log_probs, target, reduction, ignore_index, total_weight
+
+
+def _match_cross_entropy_backward(graph: fx.Graph, backward: fx.Node) -> bool:
+    """_log_softmax_backward_data(nll_loss_backward(grad, ...), log_probs) → the cross-entropy backward kernel."""
+    operands = cross_entropy_backward_operands(backward)
+    if operands is None:
+        return False
+    nll = backward.args[0]
+    _replace(graph, backward, "cross_entropy_backward_kernel", operands)
     graph.erase_node(nll)
     return True
 

@@ -137,10 +137,10 @@ def slice_scatter(op, base, src, dim=0, start=None, end=None, step=1):
     return codegen.from_device(out.reshape(base.shape), base.dtype)
 
 
-# ------------------------------------------------------------------------------------------------ index ops
+# ------------------------------------------------------------------------------------------------ index writes
 # Written as one-hot comparisons against an iota of the indexed dim, which the code generator fuses, and (for the
 # accumulating index_put of an embedding backward) a one-hot matmul on TensorE. Exact: `where`, not a product, picks
-# the values, and each one-hot matmul sum adds one term per index.
+# the values, and each one-hot matmul sum adds one term per index. (The gathers are in `indexing`.)
 
 
 @lowers(aten.scatter, aten.index_put, family="views")
@@ -151,24 +151,6 @@ def index_ops(op, *args, **kwargs):
 
 def _last_dim(node: fx.Node, dim: int) -> bool:
     return dim in (-1, node.args[0].meta["val"].dim() - 1)
-
-
-def _gather_refusal(node: fx.Node) -> str | None:
-    index = node.args[2].meta["val"]
-    if not _last_dim(node, node.args[1]) or index.shape[-1] != 1 or node.meta["val"].dtype not in codegen.NKI_DTYPES:
-        return "a gather other than one index per row along the last dim"
-    return None
-
-
-@lowers(aten.gather, family="views", target="simulator", accepts=_gather_refusal)
-def gather(op, x, dim, index, sparse_grad=False):
-    from neuron_dynamo.lowering.fusion import run_traced
-
-    def pick(x, index):
-        hits = torch.arange(x.shape[-1]) == index
-        return torch.where(hits, x, torch.zeros((), dtype=x.dtype)).sum(-1, keepdim=True, dtype=x.dtype)
-
-    return run_traced("gather", pick, [x, index])
 
 
 def _scatter_refusal(node: fx.Node) -> str | None:

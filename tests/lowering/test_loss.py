@@ -130,3 +130,32 @@ def test_causal_lm_loss_with_ignored_labels_forward_and_training_step_match_eage
     for (name, ours), theirs in zip(model.named_parameters(), twin.parameters(), strict=True):
         torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4, msg=lambda m, n=name: f"{n}: {m}")
     assert neuron_dynamo.stats().get("estimated_device_ns", 0) > 0
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean"])
+def test_nll_loss_of_given_log_probabilities_runs_as_generated_kernels(reduction, monkeypatch):
+    """No log-softmax before it: the loss and its gradient are the generated kernels of the decomposition."""
+    log_probs, labels = torch.randn(9, 20).log_softmax(-1), torch.randint(0, 20, (9,))
+    labels[2] = -100
+
+    def fn(x, y):
+        return F.nll_loss(x, y, reduction=reduction).sum()
+
+    torch._dynamo.reset()
+    with counting_calls(monkeypatch) as calls:
+        ours = loss_and_grad(torch.compile(fn, backend="neuron", options=STRICT), log_probs, labels)
+    assert calls == dict.fromkeys(CROSS_ENTROPY, 0)
+    for a, b in zip(ours, loss_and_grad(fn, log_probs, labels), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_a_vocabulary_wider_than_one_kernel_chunk(monkeypatch):
+    """The kernels tile the vocabulary in 8192-column chunks (running max and rescaled sum across chunks), so the
+    backward chain is lowered although the generated softmax-backward row kernel could not hold such rows."""
+    logits, labels = torch.randn(3, 8300) * 4, torch.tensor([8299, -100, 5])
+    torch._dynamo.reset()
+    with counting_calls(monkeypatch) as calls:
+        ours = loss_and_grad(torch.compile(F.cross_entropy, backend="neuron", options=STRICT), logits, labels)
+    assert calls == {"cross_entropy_kernel": 1, "cross_entropy_backward_kernel": 1}
+    for a, b in zip(ours, loss_and_grad(F.cross_entropy, logits, labels), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)

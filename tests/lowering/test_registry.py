@@ -10,8 +10,8 @@ aten = torch.ops.aten
 
 def test_every_family_the_nki_issues_lower_is_registered():
     families = registered_ops()
-    assert set(families) == {"attention", "creation", "elementwise", "matmul", "norm", "reduction", "softmax",
-                             "views"}
+    assert set(families) == {"attention", "creation", "elementwise", "loss", "matmul", "norm", "reduction",
+                             "softmax", "views"}
     for op in ("aten.mm", "aten.addmm", "aten.bmm", "aten.linear", "aten.t", "aten.permute"):
         assert op in families["matmul"]
     for op in ("aten._scaled_dot_product_flash_attention_for_cpu",
@@ -22,6 +22,7 @@ def test_every_family_the_nki_issues_lower_is_registered():
     assert {"aten._softmax", "aten._log_softmax", "aten._softmax_backward_data"} <= set(families["softmax"])
     assert {"aten.native_layer_norm", "aten._fused_rms_norm"} <= set(families["norm"])
     assert {"aten._to_copy", "prims.convert_element_type"} <= set(families["elementwise"])
+    assert families["loss"] == ["aten.nll_loss_backward", "aten.nll_loss_forward"]
 
 
 def test_lookup_by_overload_falls_back_to_packet():
