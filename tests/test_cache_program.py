@@ -23,28 +23,6 @@ from neuron_dynamo.options import resolve_options
 from neuron_dynamo.toolchain import REFERENCE
 
 
-@pytest.fixture
-def pinned_sources(tmp_path, monkeypatch):
-    """Subprocesses (and their workers) compute keys with a pinned source hash.
-
-    The key includes a hash of the package sources (tested on its own); other code may be edited while a test's
-    processes run one after the other, so the test pins that one fact, through a sitecustomize every process loads.
-    """
-    site = tmp_path / "pinned_site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(
-        "import neuron_dynamo.cache_key as _key\n_key.source_hash = lambda: 'pinned-for-test'\n"
-    )
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])))
-
-
-@pytest.fixture
-def cache_dir(tmp_path, monkeypatch):
-    path = tmp_path / "cache"
-    monkeypatch.setenv("NEURON_DYNAMO_CACHE_DIR", str(path))
-    return path
-
-
 def options(**overrides):
     return resolve_options({"target": "reference", **overrides}, environ={"NEURON_DYNAMO_CACHE_DIR": os.environ.get(
         "NEURON_DYNAMO_CACHE_DIR", "")})

@@ -42,28 +42,6 @@ def run_python(code, *args, cwd):
     return result
 
 
-@pytest.fixture
-def pinned_sources(tmp_path, monkeypatch):
-    """Subprocesses (and their workers) compute keys with a pinned source hash.
-
-    The key includes a hash of the package sources (tested on its own); other code may be edited while a test's
-    processes run one after the other, so the test pins that one fact, through a sitecustomize every process loads.
-    """
-    site = tmp_path / "pinned_site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(
-        "import neuron_dynamo.cache_key as _key\n_key.source_hash = lambda: 'pinned-for-test'\n"
-    )
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])))
-
-
-@pytest.fixture
-def cache_dir(tmp_path, monkeypatch):
-    path = tmp_path / "cache"
-    monkeypatch.setenv("NEURON_DYNAMO_CACHE_DIR", str(path))
-    return path
-
-
 def test_warm_with_workers_then_a_fresh_run_has_no_miss(tmp_path, cache_dir, pinned_sources):
     (tmp_path / "tiny_models.py").write_text(FACTORY)
     warm = "import sys; from neuron_dynamo.cli import main; sys.exit(main(sys.argv[1:]))"
