@@ -3,12 +3,10 @@
 import dataclasses
 import json
 import os
-import stat
 import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -399,27 +397,11 @@ def test_concurrent_processes_compile_one_program_once(tmp_path, cache_dir, pinn
 
 
 @pytest.fixture
-def slow_fake_neuronx_cc(tmp_path, monkeypatch):
-    """tests/toolchain/fake_neuronx_cc.py on PATH as `neuronx-cc`, sleeping 1 s per compile; returns its run log.
-
-    As in tests/toolchain/test_fake_compiler.py: the genuine toolchain is pretended (`nki_toolchain_info`), the
-    kernels still run on the interpreter.
-    """
-    fake = Path(__file__).parent / "toolchain" / "fake_neuronx_cc.py"
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    exe = bin_dir / "neuronx-cc"
-    exe.write_text(f"#!{sys.executable}\nimport runpy, sys\nsys.argv[0] = {str(fake)!r}\n"
-                   f"runpy.run_path({str(fake)!r}, run_name='__main__')\n")
-    exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
-    log = tmp_path / "neuronx_cc_runs.jsonl"
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setenv("FAKE_NEURONX_CC_LOG", str(log))
+def slow_fake_neuronx_cc(fake_neuronx_cc, monkeypatch):
+    """The fake `neuronx-cc` (tests/conftest.py), sleeping 1 s per compile; returns its run log."""
     monkeypatch.setenv("FAKE_NEURONX_CC_MODE", "slow")
     monkeypatch.setenv("FAKE_NEURONX_CC_SECONDS", "1.0")
-    monkeypatch.setattr("neuron_dynamo.toolchain.targets.nki_toolchain_info",
-                        lambda: {"genuine": True, "provider": "nki", "version": "0.6.0", "target": "trn2"})
-    return log
+    return fake_neuronx_cc
 
 
 def test_fake_compiler_made_slow_warm_run_skips_neuronx_cc(cache_dir, slow_fake_neuronx_cc):

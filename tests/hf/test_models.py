@@ -5,17 +5,13 @@ import copy
 import pytest
 import torch
 import transformers
-from tiny_models import VOCAB, tiny_bert, tiny_gpt2, tiny_llama
+from tiny_models import VOCAB, encoder_loss, tiny_bert, tiny_gpt2, tiny_llama
 
 import neuron_dynamo
 
 
 def causal_lm_loss(model, ids):
     return model(input_ids=ids, labels=ids, use_cache=False).loss
-
-
-def encoder_loss(model, ids):
-    return model(input_ids=ids, attention_mask=torch.ones_like(ids)).last_hidden_state.square().mean()
 
 
 MODELS = {

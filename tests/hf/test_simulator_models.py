@@ -9,7 +9,7 @@ import copy
 
 import pytest
 import torch
-from tiny_models import VOCAB, tiny_bert, tiny_gpt2, tiny_llama, tiny_mistral, tiny_qwen3
+from tiny_models import VOCAB, encoder_loss, tiny_bert, tiny_gpt2, tiny_llama, tiny_mistral, tiny_qwen3
 
 import neuron_dynamo
 
@@ -20,10 +20,6 @@ def causal_lm_loss(model, ids):
     labels = ids.clone()
     labels[:, :3] = -100  # a prompt that is not trained on: the loss's ignore_index
     return model(input_ids=ids, labels=labels, use_cache=False).loss
-
-
-def encoder_loss(model, ids):
-    return model(input_ids=ids, attention_mask=torch.ones_like(ids)).last_hidden_state.square().mean()
 
 
 MODELS = {

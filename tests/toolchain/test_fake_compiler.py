@@ -5,9 +5,6 @@ tests/toolchain/fake_neuronx_cc.py on PATH as `neuronx-cc`; the kernels themselv
 """
 
 import json
-import os
-import stat
-import sys
 import tempfile
 from pathlib import Path
 
@@ -21,25 +18,12 @@ from neuron_dynamo.lowering import lower_region
 from neuron_dynamo.toolchain import TargetUnavailableError, resolve_target
 from neuron_dynamo.toolchain.neuronx_cc import NeuronTarget, compiler_flags
 
-FAKE = Path(__file__).with_name("fake_neuronx_cc.py")
-GENUINE = {"genuine": True, "provider": "nki", "version": "0.6.0", "target": "trn2"}
-
 
 @pytest.fixture
-def fake_compiler(tmp_path, monkeypatch):
-    """`neuronx-cc` on PATH is the fake; returns the path of its JSON-lines log."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    exe = bin_dir / "neuronx-cc"
-    exe.write_text(f"#!{sys.executable}\nimport runpy, sys\nsys.argv[0] = {str(FAKE)!r}\n"
-                   f"runpy.run_path({str(FAKE)!r}, run_name='__main__')\n")
-    exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
-    log = tmp_path / "calls.jsonl"
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setenv("FAKE_NEURONX_CC_LOG", str(log))
+def fake_compiler(fake_neuronx_cc, monkeypatch):
+    """`neuronx-cc` on PATH is the fake (tests/conftest.py); returns the path of its JSON-lines log."""
     monkeypatch.setenv("NEURON_CC_FLAGS", "--cache_dir=/somewhere --retry_failed_compilation -O1")
-    monkeypatch.setattr("neuron_dynamo.toolchain.targets.nki_toolchain_info", lambda: GENUINE)
-    return log
+    return fake_neuronx_cc
 
 
 def calls(log):
