@@ -165,12 +165,12 @@ def _pow(e, dt, a, b):
     return e.call("nl.exp", e.call("nl.multiply", logged, float(b), dtype="float32"), dtype=dt)
 
 
-@emits(aten.maximum)
+@emits(aten.maximum, aten.clamp_min)
 def _maximum(e, dt, a, b):
     return _binary(e, "nl.maximum", a, b, dt)
 
 
-@emits(aten.minimum)
+@emits(aten.minimum, aten.clamp_max)
 def _minimum(e, dt, a, b):
     return _binary(e, "nl.minimum", a, b, dt)
 
@@ -183,16 +183,6 @@ def _clamp(e, dt, a, min=None, max=None):  # noqa: A002 - aten's argument names
     if max is not None:
         result = _binary(e, "nl.minimum", result, max, dt)
     return result if result is not a else e.call("nl.copy", a, dtype=dt)
-
-
-@emits(aten.clamp_min)
-def _clamp_min(e, dt, a, bound):
-    return _binary(e, "nl.maximum", a, bound, dt)
-
-
-@emits(aten.clamp_max)
-def _clamp_max(e, dt, a, bound):
-    return _binary(e, "nl.minimum", a, bound, dt)
 
 
 for _op, _name in ((aten.eq, "equal"), (aten.ne, "not_equal"), (aten.lt, "less"), (aten.le, "less_equal"),
