@@ -54,7 +54,8 @@ def _describe_attr(gm: fx.GraphModule, target: str) -> str:
         value = getattr(value, part)
     if isinstance(value, torch.Tensor):
         data = value.detach().cpu().contiguous()
-        digest = hashlib.sha256(data.view(torch.uint8).numpy().tobytes() if data.numel() else b"").hexdigest()
+        raw = data.reshape(-1).view(torch.uint8)  # flat first: a 0-dim tensor cannot be viewed as bytes
+        digest = hashlib.sha256(raw.numpy().tobytes() if data.numel() else b"").hexdigest()
         return f"tensor{tuple(data.shape)}:{data.dtype}:{digest[:16]}"
     if isinstance(value, fx.GraphModule):
         return "graph{" + canonical_graph_text(value).replace("\n", "; ") + "}"

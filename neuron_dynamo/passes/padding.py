@@ -175,7 +175,8 @@ def prove_padding(gm: fx.GraphModule, symbols: Sequence[sympy.Symbol]) -> Paddin
     and `make_fx(tracing_mode="symbolic")` produce). `gm` itself is not modified.
     """
     symbols = tuple(symbols)
-    analysis = _Analysis(copy.deepcopy(gm), symbols)
+    # A new graph over the same module: its constants may be fake or meta tensors, which cannot be deep-copied.
+    analysis = _Analysis(fx.GraphModule(gm, copy.deepcopy(gm.graph)), symbols)
     try:
         analysis.run()
     except PaddingRefused as refusal:
