@@ -225,7 +225,19 @@ def _masked_fill(e, dt, a, mask, value):
 
 @emits(aten._to_copy, prims.convert_element_type, aten.clone, aten.lift_fresh_copy)
 def _copy(e, dt, a, *args, **kwargs):
+    """A cast with torch's semantics, which the device's conversion (round to nearest even) does not have."""
+    if kwargs.get("dtype", args[0] if args else None) is torch.bool:
+        return e.call("nl.not_equal", a, 0, dtype=dt)  # any non-zero value (NaN included) is True
+    if a.dtype.startswith(("float", "bfloat")) and not dt.startswith(("float", "bfloat")):
+        a = e.call("nl.trunc", a, dtype="float32")  # torch truncates toward zero
+    if dt in _WRAP and a.dtype != dt:  # torch wraps into a narrow integer type; the device would saturate
+        bits, low = _WRAP[dt]
+        a = e.call("nl.bitwise_and", e.call("nl.add", a, -low, dtype="int32"), bits, dtype="int32")
+        a = e.call("nl.add", a, low, dtype="int32")
     return e.call("nl.copy", a, dtype=dt)
+
+
+_WRAP = {"uint8": (0xFF, 0), "int8": (0xFF, -(2**7)), "int16": (0xFFFF, -(2**15))}  # mask, lowest value
 
 
 @emits(aten.copy, aten.copy_)
@@ -338,7 +350,14 @@ def _refuse(node: fx.Node) -> str | None:
         return "a fractional arange"
     if packet in (aten.copy, aten.copy_) and node.args[0].meta["val"].shape != value.shape:
         return "a broadcasting copy"
+    if packet in (aten._to_copy, prims.convert_element_type) and value.dtype == torch.int64 and _is_float(node.args[0]):
+        return "a float → int64 cast (int64 lives as int32 on the device: values beyond it would saturate)"
     return None
+
+
+def _is_float(arg) -> bool:
+    value = arg.meta.get("val") if isinstance(arg, fx.Node) else None
+    return isinstance(value, torch.Tensor) and value.dtype.is_floating_point
 
 
 @lowers(*ELEMENTWISE_OPS, family="elementwise", target="simulator", accepts=_refuse)
