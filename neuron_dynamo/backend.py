@@ -20,7 +20,7 @@ from torch._dynamo.backends.common import aot_autograd
 
 from neuron_dynamo import counters
 from neuron_dynamo.bucket_dispatch import bucket_config
-from neuron_dynamo.compiler import compile_graph, next_graph_name
+from neuron_dynamo.compiler import ASKED_FOR, compile_graph, next_graph_name
 from neuron_dynamo.errors import NeuronDynamoError
 from neuron_dynamo.options import OptionError, resolve_options
 from neuron_dynamo.passes.decompositions import decomposition_table
@@ -55,12 +55,22 @@ def neuron_backend(
     def compiler(kind: str) -> Callable[[fx.GraphModule, Sequence[Any]], Any]:
         return functools.partial(compile_graph, options=resolved, name=name, kind=kind)
 
-    return aot_autograd(
-        fw_compiler=compiler("forward"),
-        bw_compiler=compiler("backward"),
-        inference_compiler=compiler("inference"),
-        decompositions=decomposition_table(),
-    )(gm, example_inputs)
+    try:
+        return aot_autograd(
+            fw_compiler=compiler("forward"),
+            bw_compiler=compiler("backward"),
+            inference_compiler=compiler("inference"),
+            decompositions=decomposition_table(),
+        )(gm, example_inputs)
+    except (*ASKED_FOR, torch._dynamo.exc.TorchDynamoException):
+        raise  # raised on purpose (bad options, a size beyond max_bucket, fallback="error"), or Dynamo's own signals
+    except Exception as exc:  # AOTAutograd or our compile failed where eager runs: the graph runs eagerly
+        if resolved.fallback == "error":
+            raise
+        log.warning("%s: compiling the Dynamo graph failed, running it eagerly: %s: %s", name, type(exc).__name__,
+                    str(exc).splitlines()[0][:300] if str(exc) else "")
+        counters.bump("dynamo_graphs_eager")
+        return gm.forward
 
 
 @functools.cache

@@ -208,9 +208,12 @@ class BucketedGraph:
         if padded:
             try:
                 program, key = self._program(bucket, padded=True)
-            except SpecializationError as error:  # the graph's own guards exclude this bucket size
+            except BucketingError:
+                raise
+            except Exception as error:  # the graph's own guards exclude this bucket size, or its compile failed
                 self._failed.add(tuple(bucket.items()))
-                self._refuse(f"bucket {_show(bucket)} not traceable, running exact: {error}")
+                kind = "not traceable" if isinstance(error, SpecializationError) else "failed to compile"
+                self._refuse(f"bucket {_show(bucket)} {kind}, running exact: {type(error).__name__}: {error}")
                 padded = False
         sizes = bucket if padded else real
         if not padded:

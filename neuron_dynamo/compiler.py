@@ -25,7 +25,8 @@ from neuron_dynamo import counters
 from neuron_dynamo.bucket_dispatch import bucket_config, bucketed_graph, generalized_bucketed_graph
 from neuron_dynamo.errors import NeuronDynamoError
 from neuron_dynamo.lowering import lower_region, op_name
-from neuron_dynamo.options import Options
+from neuron_dynamo.options import OptionError, Options
+from neuron_dynamo.passes.bucketing import BucketingError
 from neuron_dynamo.passes.flops import node_flops
 from neuron_dynamo.passes.partition import (
     LOWERING_FAILED,
@@ -36,7 +37,7 @@ from neuron_dynamo.passes.partition import (
     partition,
 )
 from neuron_dynamo.program_cache import REPORT_FIELDS, BuiltProgram, cached_program
-from neuron_dynamo.runtime import CompiledGraph, StaticProgram
+from neuron_dynamo.runtime import CompiledGraph, EagerFallback, StaticProgram
 from neuron_dynamo.toolchain import Target, resolve_target
 
 log = logging.getLogger("neuron_dynamo.compiler")
@@ -260,23 +261,64 @@ def compile_graph(
     *,
     name: str | None = None,
     kind: str = "inference",
-) -> CompiledGraph:
-    """Prepare an aten graph (possibly symbolic) for running; static programs are compiled lazily per shape."""
+) -> EagerFallback:
+    """Prepare an aten graph (possibly symbolic) for running; static programs are compiled lazily per shape.
+
+    Whatever fails in the backend on the way (bucketing, compiling, running) makes the graph run eagerly, with a
+    warning and a report, unless fallback="error".
+    """
     target = resolve_target(options.target, options)
     name = name or next_graph_name()
-    static = is_static(gm, example_inputs)
     counters.bump(f"graphs_compiled.{kind}")
-    if options.bucketing:
-        def compile_bucket(static_gm: fx.GraphModule, inputs: Sequence[Any]) -> StaticProgram:
-            return compile_static(static_gm, inputs, options, target, name=name, kind=kind)
+    strict = options.fallback == "error"
+    static = is_static(gm, example_inputs)
+    compiled = _bucketed(gm, static, options, target, name, kind, strict) if options.bucketing else None
+    if compiled is None:
+        compiled = _per_shape(gm, static, options, target, name, kind)
 
+    def on_failure(reason: str, inputs: Sequence[Any]) -> None:
+        report = _report(gm, inputs, _EAGER, _eager_fallbacks(gm, reason), set(), name, kind)
+        _count(report)
+        if counters.reporting():
+            counters.publish_report(report)
+
+    return EagerFallback(compiled, gm, f"{name}.{kind}", strict=strict, passthrough=ASKED_FOR, on_failure=on_failure)
+
+
+# Errors the user asked for: bad options, a size beyond max_bucket, an unsupported op under fallback="error".
+ASKED_FOR = (OptionError, BucketingError, FallbackError)
+_EAGER = dataclasses.make_dataclass("EagerTarget", [("name", str, "eager")])()
+BACKEND_FAILED = "backend failed"
+
+
+def _eager_fallbacks(gm: fx.GraphModule, reason: str) -> list[Fallback]:
+    detail = f"{BACKEND_FAILED} ({reason})"
+    return [Fallback(n.name, op_name(n.target), detail) for n in gm.graph.nodes if is_compute_op(n)]
+
+
+def _bucketed(gm, static, options, target, name, kind, strict):
+    """A BucketedGraph for `gm`, or None (no dynamic size, the proof refused, or the setup failed: exact shapes)."""
+
+    def compile_bucket(static_gm: fx.GraphModule, inputs: Sequence[Any]) -> StaticProgram:
+        return compile_static(static_gm, inputs, options, target, name=name, kind=kind)
+
+    try:
         if static:
             key = f"{kind} {options}"
-            bucketed = generalized_bucketed_graph(gm, bucket_config(options), compile_bucket, f"{name}.{kind}", key)
-        else:
-            bucketed = bucketed_graph(gm, bucket_config(options), compile_bucket, name=f"{name}.{kind}")
-        if bucketed is not None:
-            return bucketed
+            return generalized_bucketed_graph(gm, bucket_config(options), compile_bucket, f"{name}.{kind}", key)
+        return bucketed_graph(gm, bucket_config(options), compile_bucket, name=f"{name}.{kind}")
+    except ASKED_FOR:
+        raise
+    except Exception as exc:
+        if strict:
+            raise
+        log.warning("%s.%s: bucketing failed, running at exact shapes: %s", name, kind, exc)
+        counters.bump("bucketing.setup_failed")
+        return None
+
+
+def _per_shape(gm, static, options, target, name, kind) -> CompiledGraph:
+    """One static program per exact set of input shapes."""
 
     def compile_program(args: Sequence[Any]) -> StaticProgram:
         static_gm = gm if static else specialize(gm, args)

@@ -68,3 +68,45 @@ class CompiledGraph:
         inputs = list(args)
         args.clear()
         return program(*inputs)
+
+
+class EagerFallback:
+    """Runs a compiled graph, and the graph itself with PyTorch once the backend fails on it (compile or run).
+
+    Nothing the backend raises may reach a user where eager would have run: a failure in any stage (specialisation,
+    the padding proof, cache keys, lowering, a kernel at run time) is logged once, counted, reported through
+    `on_failure(reason, inputs)`, and from then on that graph runs eagerly. `passthrough` errors are the ones the
+    user asked for (bad options, sizes beyond max_bucket, fallback="error"), and with `strict` every error is raised.
+    """
+
+    def __init__(
+        self, compiled: Callable[[list[Any]], Any], graph: fx.GraphModule, name: str, *, strict: bool,
+        passthrough: tuple[type[BaseException], ...], on_failure: Callable[[str, Sequence[Any]], None],
+    ) -> None:
+        self.compiled = compiled
+        self.graph = graph
+        self.name = name
+        self.strict = strict
+        self.passthrough = passthrough
+        self.on_failure = on_failure
+        self.failure: str | None = None
+        self._boxed_call = True
+
+    def __call__(self, args: list[Any]) -> Any:
+        inputs = list(args)
+        args.clear()
+        if self.failure is None:
+            try:
+                return self.compiled(list(inputs))
+            except self.passthrough:
+                raise
+            except Exception as exc:
+                if self.strict:
+                    raise
+                self.failure = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+                log.warning("%s: the backend failed, running this graph eagerly from now on: %s", self.name,
+                            self.failure, exc_info=log.isEnabledFor(logging.DEBUG))
+                counters.bump("graphs_failed")
+                self.on_failure(self.failure, inputs)
+        counters.bump("calls_eager")
+        return self.graph(*inputs)
