@@ -10,6 +10,18 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
 @pytest.fixture(autouse=True)
+def _fresh_compile_state():
+    """Every test compiles from scratch: Dynamo's code cache and the shared bucket programs would otherwise carry
+    one test's compiled graphs into the next."""
+    import torch._dynamo
+
+    from neuron_dynamo.bucket_dispatch import forget_generalized_graphs
+
+    torch._dynamo.reset()
+    forget_generalized_graphs()
+
+
+@pytest.fixture(autouse=True)
 def _private_compile_cache(tmp_path_factory, monkeypatch):
     """Every test starts with an empty compile cache of its own (and never touches ~/.cache)."""
     monkeypatch.setenv("NEURON_DYNAMO_CACHE_DIR", str(tmp_path_factory.mktemp("neuron_dynamo_cache")))
