@@ -154,7 +154,11 @@ def test_lowering_failure_falls_back_with_its_reason(monkeypatch):
 def test_simulator_target_runs_regions_as_nki_kernels_and_says_what_falls_back():
     x = torch.randn(3, 3)
     report = neuron_dynamo.explain(lambda t: torch.tanh(t @ t).argmax(0), x, options={"target": "simulator"})
-    torch.testing.assert_close(report.output, torch.tanh(x @ x).argmax(0))
+    # argmax runs eagerly on the interpreter's tanh(x @ x), which may differ from eager's in the last bits (another
+    # GEMM summation order, another tanh): check that it picks a maximal score, so a near-tie may go either way
+    scores = torch.tanh(x @ x)
+    assert report.output.dtype == torch.int64 and report.output.shape == (3,)
+    torch.testing.assert_close(scores.gather(0, report.output[None]), scores.amax(0, keepdim=True))
     (graph,) = report.graphs
     assert graph.target == "simulator" and graph.ops_lowered == 2 and graph.ops_total == 3
     assert graph.estimated_device_ns > 0  # the cost model's figure for the NKI kernels that ran

@@ -15,6 +15,22 @@ def _out(shape, dtype=nl.float32):
     return nl.ndarray(shape, dtype=dtype, buffer=nl.shared_hbm)
 
 
+def _sum_atol(terms, axis=0):
+    """Absolute tolerance for fp32 sums of `terms` along `axis` that the kernel and NumPy add in different orders.
+
+    Either order is within n * eps/2 * sum|terms| of the exact sum (n terms), so the two differ by at most
+    n * eps * sum|terms|, taken at the largest sum. The bound must be absolute: a relative one fails wherever the
+    signed terms cancel to near zero. It covers any summation order, so also other CPUs' BLAS kernels and SIMD widths.
+    """
+    terms = np.asarray(terms, dtype=np.float64)
+    return terms.shape[axis] * float(np.finfo(np.float32).eps) * float(np.abs(terms).sum(axis).max())
+
+
+def _gemm_atol(lhs_t, rhs):
+    """`_sum_atol` of the K products behind each element of `lhs_t.T @ rhs`."""
+    return _sum_atol(f32(lhs_t)[:, :, None] * f32(rhs)[:, None, :])
+
+
 def test_dma_copy_hbm_sbuf_roundtrip_with_cast():
     a = rand((64, 96))
 
@@ -411,7 +427,7 @@ def test_partition_reduce_max8_dropout_predicated_copy():
         return tuple(outs)
 
     pr, m8, dz, sel = run(k, x)
-    np.testing.assert_allclose(pr[0], x.sum(0), rtol=1e-5)
+    np.testing.assert_allclose(pr[0], x.sum(0), rtol=1e-5, atol=_sum_atol(x, axis=0))
     np.testing.assert_array_equal(m8, -np.sort(-x, axis=1)[:, :8])
     assert (dz == 0).all()
     np.testing.assert_array_equal(sel, np.where(x > 0, x, 0))
@@ -457,7 +473,7 @@ def test_tensor_scalar_reduce_select_reduce_range_select():
 
     d, r, s, sm, g, gm = run(k, x, lo, hi)
     np.testing.assert_allclose(d, 2 * x, rtol=1e-6)
-    np.testing.assert_allclose(r[:, 0], (2 * x).sum(1), rtol=1e-5)
+    np.testing.assert_allclose(r[:, 0], (2 * x).sum(1), rtol=1e-5, atol=_sum_atol(2 * x, axis=1))
     np.testing.assert_array_equal(s, np.where(x > 0, x, -5.0))
     np.testing.assert_array_equal(sm[:, 0], np.where(x > 0, x, -5.0).max(1))
     idx = np.arange(16)[None, :]
@@ -576,9 +592,12 @@ def test_auto_accumulation_groups_close_only_where_psum_is_read():
 
     first, both = run(k, s, m)
     ref = s.T @ m
-    np.testing.assert_allclose(first, ref, rtol=1e-5)
-    np.testing.assert_allclose(both[:, 0], ref, rtol=1e-5)
-    np.testing.assert_allclose(both[:, 1], 2 * ref, rtol=1e-5)
+    atol = _gemm_atol(s, m)  # K=32: ~4e-5; an accumulated group holds two such sums, so twice that
+    # overwritten vs accumulated differs by |ref| per element: thousands of times the tolerance
+    assert np.median(np.abs(ref)) > 1000 * 2 * atol
+    np.testing.assert_allclose(first, ref, rtol=1e-5, atol=atol)
+    np.testing.assert_allclose(both[:, 0], ref, rtol=1e-5, atol=atol)
+    np.testing.assert_allclose(both[:, 1], 2 * ref, rtol=1e-5, atol=2 * atol)
 
 
 def test_nc_matmul_multi_dim_operands_flatten_free_dims():
@@ -592,4 +611,5 @@ def test_nc_matmul_multi_dim_operands_flatten_free_dims():
         return out
 
     got = run(k, s, m)
-    np.testing.assert_allclose(got.reshape(8, 15), s.reshape(16, 8).T @ m.reshape(16, 15), rtol=1e-5)
+    lhs_t, rhs = s.reshape(16, 8), m.reshape(16, 15)
+    np.testing.assert_allclose(got.reshape(8, 15), lhs_t.T @ rhs, rtol=1e-5, atol=_gemm_atol(lhs_t, rhs))
