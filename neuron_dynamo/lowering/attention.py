@@ -107,7 +107,16 @@ def attend(q, k, v, is_causal, mask, scale, lse_len=None):
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     out, lse = launch(attention_kernel, _pad_seq(q, sqp).contiguous(), _pad_seq(k, skp).contiguous(),
                       _pad_seq(v, skp).contiguous(), _mask(mask, q, sq, sk, sqp, skp), bool(is_causal), float(scale))
-    return out[:, :, :sq], lse[:, :, :sq if lse_len is None else lse_len]
+    out = out[:, :, :sq]
+    if mask is not None:  # torch's SDPA gives 0 for a query that may attend to no key at all (a -inf/False row)
+        out = out.masked_fill(_dead_rows(mask), 0.0)
+    return out, lse[:, :, :sq if lse_len is None else lse_len]
+
+
+def _dead_rows(mask: torch.Tensor) -> torch.Tensor:
+    """[..., Sq, 1]: the query rows whose every key is masked out by False or -inf (not by a finite value)."""
+    allowed = mask if mask.dtype == torch.bool else mask != float("-inf")
+    return ~allowed.any(-1, keepdim=True)
 
 
 @lowers(aten._scaled_dot_product_flash_attention_for_cpu, family="attention", target="simulator", accepts=_refusal)

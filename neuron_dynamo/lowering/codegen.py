@@ -147,9 +147,9 @@ def _literal(value: Any) -> str:
     if isinstance(value, bool):
         return "1.0" if value else "0.0"
     if isinstance(value, float):
-        if math.isinf(value):
-            return "-3.0e38" if value < 0 else "3.0e38"  # engines take finite immediates
-        return repr(value)
+        # Exact, infinities and NaN included: -inf masks must stay -inf (a finite stand-in changes softmax and
+        # SDPA over fully masked rows, and 0 · -inf).
+        return repr(value) if math.isfinite(value) else f'float("{value}")'
     if isinstance(value, int):
         return repr(value)
     if isinstance(value, str):
