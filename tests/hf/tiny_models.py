@@ -76,7 +76,8 @@ _SET: dict[str, int] = {
     **_names("hidden_size", "d_model", "n_embd", "embedding_size", "embedding_dim", "emb_dim", "word_embed_proj_dim",
              "lru_width", "hidden_size_global", "projector_input_dim", "projector_output_dim",
              "out_hidden_size", "vision_output_dim", "backbone_hidden_size", "adapter_in_dim", "adapter_out_dim",
-             "input_embedding_size", "output_embedding_size", "ple_embed_dim", value=_WIDTH),
+             "input_embedding_size", "output_embedding_size", "ple_embed_dim", "adapter_input_size", "shape_embed_dim",
+             "pronunciation_embed_dim", value=_WIDTH),
     **_names("intermediate_size", "ffn_dim", "d_ff", "dff", "d_inner", "dim_ff", "decoder_ffn_dim", "encoder_ffn_dim",
              "moe_intermediate_size", "shared_expert_intermediate_size", "shared_experts_intermediate_size",
              "moe_shared_expert_intermediate_size", "ffn_hidden_size", "dense_intermediate_size",
@@ -93,23 +94,24 @@ _SET: dict[str, int] = {
     **_names("qk_head_dim", "swa_head_dim", value=2 * _HEAD_DIM),  # qk_nope_head_dim + qk_rope_head_dim
     # Mamba heads span the expanded width: heads * head_dim = expand (2) * hidden_size
     **_names("mamba_d_head", "mamba_head_dim", "mamba_headdim", value=2 * _WIDTH // _HEADS),
-    **_names("vocab_size", "vocab_size_per_layer_input", "unpadded_vocab_size", "decoder_vocab_size", value=VOCAB_LM),
+    **_names("vocab_size", "vocab_size_per_layer_input", "unpadded_vocab_size", "decoder_vocab_size",
+             "encoder_hash_byte_group_vocab", "shape_vocab_size", "pronunciation_vocab_size", value=VOCAB_LM),
 }
 
 # attribute -> cap: min(default, cap), so that a smaller default survives (top-1 routing, a single shared expert,
 # multi-query attention).
 _AT_MOST: dict[str, int] = {
     **_names("num_hidden_layers", "n_layer", "num_layers", "n_layers", "decoder_layers", "encoder_layers",
-             "num_decoder_layers", "num_encoder_layers", "conf_num_hidden_layers", "num_global_layers",
+             "num_decoder_layers", "num_encoder_layers", "conf_num_hidden_layers", "num_global_layers", "num_blocks",
              value=LM_LAYERS),
     **_names("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len", "context_length",
              "max_target_positions", "max_source_positions", "model_max_length", value=_POSITIONS),
     **_names("sliding_window", "sliding_window_size", "attention_window_size", "window_size", "local_attention",
-             "local_attention_window_len", "attention_chunk_size", "keep_window_size", value=_WINDOW),
+             "local_attention_window_len", "attention_chunk_size", "keep_window_size", "index_topk", value=_WINDOW),
     **_names("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts", value=4),
     **_names("num_experts_per_tok", "num_experts_per_token", "moe_k", "moe_topk", "moe_top_k", "n_group",
              "num_expert_group", "n_groups", "mamba_n_groups", "mamba_ngroups", "zero_expert_num", value=2),
-    # the dense layers before the first MoE layer: one, so that the second layer is MoE
+    # one shared expert; one dense layer before the MoE ones, so that the second layer is MoE
     **_names("n_shared_experts", "num_shared_experts", "moe_num_shared_experts", "topk_group",
              "first_k_dense_replace", "num_dense_layers", "moe_layer_start_index", "moe_layer_end_index",
              "attn_layer_offset", value=1),
@@ -121,8 +123,8 @@ _AT_MOST: dict[str, int] = {
     "image_size": 64,
 }
 
-# Sizes the config derives from others when unset (zamba's attention width is twice the hidden size): unset them.
-_DERIVED = ("attention_hidden_size",)
+# Widths that are a multiple of the hidden size (zamba's attention takes twice as wide an input): keep the multiple.
+_HIDDEN_MULTIPLES = ("attention_hidden_size",)
 _KV_HEADS = ("num_key_value_heads", "num_kv_heads", "kv_n_heads", "num_query_groups", "swa_num_key_value_heads",
              "linear_num_key_heads")
 _HEAD_COUNTS = ("num_attention_heads", "n_head", "n_heads", "num_heads", "swa_num_attention_heads",
@@ -154,15 +156,21 @@ _OVERRIDES: dict[str, dict] = {
     "gemma4_assistant": {"text_config": {"hidden_size_per_layer_input": 0, "vocab_size_per_layer_input": 0}},
     "granitemoehybrid": {"layer_types": ["linear_attention", "full_attention"]},  # as bamba
     "hrm_text": {"num_layers_per_stack": None},  # let the config derive it again from the (tiny) layer count
-    "lfm2_moe": {"layer_types": ["conv", "full_attention"]},  # unset by default, which the model cannot take
+    # lfm2's default has no short-convolution layer, unlike every checkpoint; lfm2_moe's has no layer_types at all
+    "lfm2": {"layer_types": ["conv", "full_attention"], "full_attn_idxs": [1]},
+    "lfm2_moe": {"layer_types": ["conv", "full_attention"]},
     "mamba2": {"head_dim": 2 * _WIDTH // _HEADS},  # heads * head_dim must equal expand (2) * hidden_size
-    "musicgen": {"decoder": {"num_codebooks": 1}},  # input ids are (batch * codebooks, length): batch 1 needs 1
-    "musicgen_melody": {"decoder": {"num_codebooks": 1}},
+    # input ids are (batch * codebooks, length): batch 1 needs 1 codebook; generate starts from decoder_start_token_id
+    # (the checkpoints' pad id), which only the checkpoints' generation config sets
+    "musicgen": {"decoder": {"num_codebooks": 1, "decoder_start_token_id": VOCAB_LM - 1}},
+    "musicgen_melody": {"decoder": {"num_codebooks": 1, "decoder_start_token_id": VOCAB_LM - 1}},
     "qwen4_exp_text": {  # its indexed-attention layers need the indexer sizes, which default to unset
         "indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": _HEAD_DIM, "indexer_budget": 16,
         "indexer_compress_ratio": 4},
     "recurrent_gemma": {"block_types": ["recurrent", "attention"]},  # its 3-block cycle has no attention in 2 layers
     "reformer": {"axial_pos_embds_dim": [16, 48]},  # must add up to hidden_size
+    # its cache rounds the q/k width (hidden_size * qk_dim_factor) up to a multiple of 64, the model does not
+    "xlstm": {"hidden_size": 2 * _WIDTH, "embedding_dim": 2 * _WIDTH},
     "xmod": {"default_language": "en_XX"},  # the model refuses to run without a language adapter chosen
     "zamba": {"layers_block_type": ["hybrid", "hybrid"]},  # the shared transformer must be tied to a second user
 }
@@ -196,8 +204,6 @@ def _shrunk_value(key: str, value, heads: int | None):
         return value
     if key in _SET and (value is None or _is_int(value)):
         return _SET[key]
-    if key in _DERIVED:
-        return None
     if key in _KV_HEADS and (value is None or _is_int(value)):
         return _kv_heads(value, heads)
     if isinstance(value, float) and value and any(word in key for word in _NO_NOISE):
@@ -265,7 +271,11 @@ def _shrink(values: dict, override: dict, keep: int) -> dict:
     if count_key is not None and values[count_key] > keep:
         _keep_layers(values, values[count_key], _kept_layers(values, values[count_key], keep))
     heads = next((values[k] for k in _HEAD_COUNTS if _is_int(values.get(k))), None)
+    hidden = values.get("hidden_size")
     values = {k: v if k == count_key else _shrunk_value(k, v, heads) for k, v in values.items()}
+    for key in _HIDDEN_MULTIPLES:
+        if _is_int(values.get(key)) and _is_int(hidden) and values[key] % hidden == 0:
+            values[key] = values[key] // hidden * _WIDTH
     if count_key is not None:
         values[count_key] = min(values[count_key], keep)
     _fit_token_ids(values)
@@ -301,9 +311,17 @@ def tiny_causal_lm(model_type: str, *, seed: int = 0) -> torch.nn.Module:
     config = tiny_causal_lm_config(model_type)
     torch.manual_seed(seed)
     model_class = transformers.MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
-    if isinstance(config, model_class.config_class):
+    part = _part_taken(config, model_class)
+    if part is None:
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    else:  # a composite config (MusicGen: text encoder, audio encoder, decoder): the class takes its decoder's
-        decoder = next(value for value in vars(config).values() if isinstance(value, model_class.config_class))
-        model = model_class._from_config(decoder, dtype=torch.float32)
+    else:
+        model = model_class._from_config(part, dtype=torch.float32)
     return model.eval()
+
+
+def _part_taken(config: transformers.PretrainedConfig, model_class: type) -> transformers.PretrainedConfig | None:
+    """For a composite config whose causal-LM class takes one part only (MusicGen: text encoder, audio encoder and
+    decoder; the class takes the decoder's): that part."""
+    if isinstance(config, model_class.config_class):
+        return None
+    return next((value for value in vars(config).values() if isinstance(value, model_class.config_class)), None)
