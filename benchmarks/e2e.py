@@ -44,7 +44,7 @@ def tiny_llama() -> torch.nn.Module:
 
 
 def loss_of(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
-    return model(input_ids=ids, labels=ids, use_cache=False).loss
+    return model(input_ids=ids, labels=ids).loss
 
 
 def forward_step(run: Callable, model: torch.nn.Module, ids: torch.Tensor) -> None:

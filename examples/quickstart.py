@@ -19,10 +19,10 @@ def tiny_llama() -> transformers.LlamaForCausalLM:
 
 @torch.no_grad()
 def generate(model, prompt: torch.Tensor, new_tokens: int) -> torch.Tensor:
-    """Greedy decoding without a KV cache: every step is one more token, i.e. one more shape."""
+    """Greedy decoding over the whole sequence each step: every step is one more token, i.e. one more shape."""
     ids = prompt
     for _ in range(new_tokens):
-        logits = model(input_ids=ids, use_cache=False).logits
+        logits = model(input_ids=ids).logits
         ids = torch.cat([ids, logits[:, -1:].argmax(-1)], dim=-1)
     return ids[:, prompt.shape[1]:]
 
@@ -41,7 +41,7 @@ def main() -> None:
     print("counters:        ", neuron_dynamo.stats())
     print()
     with torch.no_grad():
-        print(neuron_dynamo.explain(model, input_ids=prompt, use_cache=False))
+        print(neuron_dynamo.explain(model, input_ids=prompt))
     print()
     print("backend:", neuron_dynamo.backend_info())
     if not torch.equal(tokens, expected):

@@ -77,7 +77,9 @@ def _bucket_stats() -> dict:
     [(_tiny_llama, 100), (_tiny_qwen3, 100), (_tiny_gpt2, 100)],
     ids=["llama-100-lengths", "qwen3-100-lengths", "gpt2-100-lengths"],
 )
-def test_causal_lm_many_lengths_few_programs_one_graph(build, count):
+def test_causal_lm_marked_dynamic_without_kv_cache_many_lengths_few_programs_one_graph(build, count):
+    """About exactly `mark_dynamic` + `backed_size_oblivious` + `use_cache=False`: every length, 1 included, from one
+    symbolic graph (tests/hf/test_architectures.py covers the default call)."""
     torch.manual_seed(0)
     model = build().eval()
     compiled = torch.compile(model, backend="neuron", options=OPTIONS)
@@ -150,8 +152,8 @@ def test_causal_lm_shifted_label_loss_and_training_step_match_eager():
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for length in (37, 5, 200):
         ids = torch.randint(0, 128, (1, length))
-        want = eager(input_ids=ids, labels=ids, use_cache=False).loss
-        got = compiled(input_ids=ids, labels=ids, use_cache=False).loss
+        want = eager(input_ids=ids, labels=ids).loss
+        got = compiled(input_ids=ids, labels=ids).loss
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
         want.backward()
         got.backward()
@@ -245,8 +247,8 @@ def test_static_graph_that_bakes_its_length_runs_exact():
     compiled = torch.compile(model, backend="neuron", dynamic=False, options=OPTIONS)
     with torch.no_grad():
         ids = torch.randint(0, 128, (1, 9))
-        got = compiled(input_ids=ids, use_cache=False).logits
-        torch.testing.assert_close(got, model(input_ids=ids, use_cache=False).logits, atol=1e-5, rtol=1e-5)
+        got = compiled(input_ids=ids).logits
+        torch.testing.assert_close(got, model(input_ids=ids).logits, atol=1e-5, rtol=1e-5)
     stats = neuron_dynamo.stats()
     assert stats["bucketing.static_graphs_exact"] == 1 and "bucketing.programs" not in stats
 
@@ -275,8 +277,8 @@ def test_bucketed_llama_on_the_simulator_target_matches_eager():
             ids = torch.randint(0, 128, (1, length))
             if index == 0:
                 torch._dynamo.mark_dynamic(ids, 1)
-            got = compiled(input_ids=ids, use_cache=False).logits
-            torch.testing.assert_close(got, model(input_ids=ids, use_cache=False).logits, atol=1e-4, rtol=1e-4)
+            got = compiled(input_ids=ids).logits
+            torch.testing.assert_close(got, model(input_ids=ids).logits, atol=1e-4, rtol=1e-4)
     stats = _bucket_stats()
     assert stats["bucketing.programs"] == 2 and "bucketing.graphs_refused" not in stats
 

@@ -11,7 +11,7 @@ import neuron_dynamo
 
 
 def causal_lm_loss(model, ids):
-    return model(input_ids=ids, labels=ids, use_cache=False).loss
+    return model(input_ids=ids, labels=ids).loss
 
 
 MODELS = {

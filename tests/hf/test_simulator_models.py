@@ -19,7 +19,7 @@ SIMULATOR = {"target": "simulator", "cache": "off"}
 def causal_lm_loss(model, ids):
     labels = ids.clone()
     labels[:, :3] = -100  # a prompt that is not trained on: the loss's ignore_index
-    return model(input_ids=ids, labels=labels, use_cache=False).loss
+    return model(input_ids=ids, labels=labels).loss
 
 
 MODELS = {

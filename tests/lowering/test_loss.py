@@ -112,7 +112,7 @@ def test_causal_lm_loss_with_ignored_labels_forward_and_training_step_match_eage
     labels[1, 7:] = -100  # padding
 
     def lm_loss(net, ids, labels):
-        return net(input_ids=ids, labels=labels, use_cache=False).loss
+        return net(input_ids=ids, labels=labels).loss
 
     torch._dynamo.reset()
     compiled = torch.compile(lm_loss, backend="neuron", options={"target": "simulator", "cache": "off"})
