@@ -165,6 +165,8 @@ def attend_backward(grad_out, query, key, value, out, logsumexp, is_causal, mask
     sqp, skp = _padded(sq), _padded(sk)
     scale = query.shape[-1] ** -0.5 if scale is None else scale
     lse = logsumexp if sqp == sq else F.pad(logsumexp, (0, sqp - sq))
+    if mask is not None:  # a query with no key to attend has a constant output (0): nothing flows back from it
+        grad_out = grad_out.masked_fill(_dead_rows(mask), 0.0)
     dq, dk, dv = launch(
         attention_backward_kernel, _pad_seq(query, sqp).contiguous(), _pad_seq(key, skp).contiguous(),
         _pad_seq(value, skp).contiguous(), _pad_seq(out, sqp).contiguous(), _pad_seq(grad_out, sqp).contiguous(),
