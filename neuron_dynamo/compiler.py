@@ -187,7 +187,7 @@ def _build_static(
         compiled_regions[region_name] = (compiled, lowered)
     parted.module.recompile()
 
-    report = _report(gm, example_inputs, target, fallbacks, lowered_nodes, name, "")
+    report = _report(gm, example_inputs, target.name, fallbacks, lowered_nodes, name, "")
     report.regions = len(compiled_regions)
     return BuiltProgram(parted.module, compiled_regions, report.to_dict())
 
@@ -213,7 +213,7 @@ def _region_fallbacks(gm: fx.GraphModule, node_names: list[str], reason: str) ->
     return [Fallback(n, op_name(nodes[n].target), reason) for n in node_names if is_compute_op(nodes[n])]
 
 
-def _report(gm, example_inputs, target, fallbacks, lowered_nodes, name, kind) -> GraphReport:
+def _report(gm, example_inputs, target_name, fallbacks, lowered_nodes, name, kind) -> GraphReport:
     ops_total = ops_lowered = flops_total = flops_lowered = 0
     for node in gm.graph.nodes:
         if not is_compute_op(node):
@@ -228,7 +228,7 @@ def _report(gm, example_inputs, target, fallbacks, lowered_nodes, name, kind) ->
     return GraphReport(
         name=name,
         kind=kind,
-        target=target.name,
+        target=target_name,
         input_shapes=[list(arg.shape) for arg in example_inputs if isinstance(arg, torch.Tensor)],
         ops_total=ops_total,
         ops_lowered=ops_lowered,
@@ -277,8 +277,7 @@ def compile_graph(
         compiled = _per_shape(gm, static, options, target, name, kind)
 
     def on_failure(reason: str, inputs: Sequence[Any]) -> None:
-        report = _report(gm, inputs, _EAGER, _eager_fallbacks(gm, reason), set(), name, kind)
-        _count(report)
+        report = _report(gm, inputs, "eager", _eager_fallbacks(gm, reason), set(), name, kind)
         if counters.reporting():
             counters.publish_report(report)
 
@@ -287,7 +286,6 @@ def compile_graph(
 
 # Errors the user asked for: bad options, a size beyond max_bucket, an unsupported op under fallback="error".
 ASKED_FOR = (OptionError, BucketingError, FallbackError)
-_EAGER = dataclasses.make_dataclass("EagerTarget", [("name", str, "eager")])()
 BACKEND_FAILED = "backend failed"
 
 
