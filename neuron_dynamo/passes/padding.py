@@ -988,6 +988,10 @@ def _matmul(self: _Analysis, node: fx.Node):
     lhs_dims, rhs_dims = self.dims(lhs), self.dims(rhs)
     k_lhs = lhs_dims[-1] if lhs_dims else None
     k_rhs = rhs_dims[-2] if len(rhs_dims) >= 2 else (rhs_dims[0] if rhs_dims else None)
+    if k_lhs is not None and k_rhs is not None and k_lhs.parts != k_rhs.parts:
+        # one side merged (padding interleaved per outer row), the other padded at its tail: position i of the
+        # contraction is not the same real element on both sides, and no mask can make it so
+        self.refuse(node, "a contraction over a padded dim laid out differently by its operands")
     if k_lhs is not None or k_rhs is not None:
         ka = k_lhs.kind if k_lhs else Pad.UNKNOWN
         kb = k_rhs.kind if k_rhs else Pad.UNKNOWN

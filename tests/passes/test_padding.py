@@ -250,3 +250,28 @@ def test_pad_kinds_are_computed_exactly_for_constant_pads():
     assert sorted(kinds.values(), key=lambda k: k.value) == sorted(
         [Pad.ZERO, Pad.FINITE, Pad.ZERO], key=lambda k: k.value
     )
+
+
+def test_contraction_over_differently_laid_out_padded_dims_is_refused():
+    """[2, L, 4] merged to [2L, 4] (padding interleaved per row) against a [2L, 4] padded at its tail: eager's
+    answer needs exact shapes (this was the wrong nn.Linear weight gradient of training with batch > 1)."""
+    fn = lambda x, y: x.reshape(-1, 4).T @ y  # noqa: E731
+    bucketed = BucketedGraph(symbolic_graph(fn, [torch.randn(2, 5, 4), torch.randn(10, 4)], {0: [1], 1: [0]}))
+    assert not bucketed.proof.safe and "laid out differently" in bucketed.proof.reason
+    x, y = torch.randn(2, 7, 4), torch.randn(14, 4)
+    torch.testing.assert_close(bucketed.run(x, y)[0], fn(x, y))
+
+
+def test_linear_weight_gradient_with_batch_of_two_matches_eager():
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(8, 8)
+    loss = lambda x: torch.tanh(linear(x)).mean()  # noqa: E731
+    compiled = torch.compile(loss, backend="neuron", options={"target": "reference"})
+    for length in (3, 5, 37):
+        x = torch.randn(2, length, 8)
+        grads = []
+        for run in (loss, compiled):
+            linear.zero_grad()
+            run(x).backward()
+            grads.append(linear.weight.grad.clone())
+        torch.testing.assert_close(grads[1], grads[0], atol=1e-6, rtol=1e-5)
