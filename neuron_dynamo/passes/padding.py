@@ -1199,6 +1199,7 @@ def _attention(self: _Analysis, node: fx.Node):
     if args.get("dropout_p", 0.0) and self._touches_padding(node):
         self.refuse(node, "attention dropout on padded shapes")
     key_dims, query_dims = self.dims(key), self.dims(query)
+    _refuse_padded_head_dim(self, node, query_dims, key_dims)
     keys_padded = key_dims[-2] is not None
     if keys_padded:
         why = "attention over padded keys: padded keys/values zeroed"
@@ -1215,6 +1216,12 @@ def _attention(self: _Analysis, node: fx.Node):
     return self._unpadded_outputs(node)
 
 
+def _refuse_padded_head_dim(self: _Analysis, node: fx.Node, query_dims, key_dims) -> None:
+    """The default scale 1/sqrt(head dim) would be taken at the bucket's head dim, not the real one."""
+    if (query_dims and query_dims[-1] is not None) or (key_dims and key_dims[-1] is not None):
+        self.refuse(node, "attention over a padded head dim (its scale depends on the real size)")
+
+
 @_rule(aten._scaled_dot_product_flash_attention_for_cpu_backward)
 def _attention_backward(self: _Analysis, node: fx.Node):
     args = self.kwargs(node)
@@ -1228,6 +1235,7 @@ def _attention_backward(self: _Analysis, node: fx.Node):
         self.mask_padded(node, args[name], 0.0, why, unless=(Pad.ZERO,))
     self.mask_padded(node, args["logsumexp"], 0.0, why, unless=(Pad.ZERO,))
     key_dims, query_dims = self.dims(key), self.dims(query)
+    _refuse_padded_head_dim(self, node, query_dims, key_dims)
     if key_dims[-2] is not None:
         same_length = query_dims[-2] is not None and sympy.expand(query_dims[-2].expr - key_dims[-2].expr) == 0
         attn_mask = args.get("attn_mask")

@@ -275,3 +275,12 @@ def test_linear_weight_gradient_with_batch_of_two_matches_eager():
             run(x).backward()
             grads.append(linear.weight.grad.clone())
         torch.testing.assert_close(grads[1], grads[0], atol=1e-6, rtol=1e-5)
+
+
+def test_attention_with_a_dynamic_head_dim_keeps_its_real_scale():
+    """dynamic=True makes the head dim symbolic too: SDPA's default scale must be 1/sqrt(real head dim)."""
+    attend = lambda q, k, v: F.scaled_dot_product_attention(q, k, v)  # noqa: E731
+    compiled = torch.compile(attend, backend="neuron", dynamic=True, options={"target": "reference"})
+    for length, head_dim in ((5, 8), (7, 8), (9, 16)):
+        q, k, v = (torch.randn(2, 3, length, head_dim) for _ in range(3))
+        torch.testing.assert_close(compiled(q, k, v), attend(q, k, v), atol=1e-5, rtol=1e-5)
