@@ -70,6 +70,26 @@ class CompiledGraph:
         return program(*inputs)
 
 
+def owned_outputs(outputs: Any, inputs: Sequence[Any]) -> Any:
+    """The outputs, each a tensor of its own, as eager's aten graph returns them.
+
+    Kernels hand back views (a row of a [1, 1] buffer, a bucket output narrowed to the real size). AOTAutograd
+    passes such a view on as an output of its autograd Function, where an in-place op (Trainer's `loss *= scale`)
+    is forbidden, and a narrowed view saved for the backward is not contiguous, which some CPU kernels assume.
+    Views of an input stay: they are aliases AOTAutograd knows about.
+    """
+    if not isinstance(outputs, (list, tuple)):
+        return outputs
+    storages = {arg.untyped_storage().data_ptr() for arg in inputs if isinstance(arg, torch.Tensor)}
+    owned = [
+        out.clone(memory_format=torch.contiguous_format)
+        if isinstance(out, torch.Tensor) and out._base is not None
+        and out.untyped_storage().data_ptr() not in storages else out
+        for out in outputs
+    ]
+    return type(outputs)(owned) if isinstance(outputs, tuple) else owned
+
+
 class EagerFallback:
     """Runs a compiled graph, and the graph itself with PyTorch once the backend fails on it (compile or run).
 
@@ -97,7 +117,7 @@ class EagerFallback:
         args.clear()
         if self.failure is None:
             try:
-                return self.compiled(list(inputs))
+                return owned_outputs(self.compiled(list(inputs)), inputs)
             except self.passthrough:
                 raise
             except Exception as exc:

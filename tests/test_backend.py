@@ -234,3 +234,14 @@ def test_weights_are_runtime_inputs_not_constants():
         torch.testing.assert_close(compiled(x), model(x))
         model.weight.mul_(-2.0)  # a weight update after compiling must show in the next call
         torch.testing.assert_close(compiled(x), model(x))
+
+
+def test_compiled_outputs_can_be_modified_in_place_as_trainer_does():
+    """Trainer scales the loss in place (`loss *= scale`): an output must not be a view made inside the graph."""
+    x, weight = torch.randn(4, 8), torch.randn(8, 8, requires_grad=True)
+    loss_fn = lambda x, w: torch.tanh(x @ w).mean(0)  # noqa: E731
+    loss = torch.compile(loss_fn, backend="neuron")(x, weight)
+    loss *= 2.0
+    loss.sum().backward()
+    expected = torch.autograd.grad((loss_fn(x, weight) * 2.0).sum(), weight)[0]
+    torch.testing.assert_close(weight.grad, expected, atol=1e-5, rtol=1e-4)
