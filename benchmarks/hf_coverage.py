@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import json
+import logging
 import os
 import signal
 import statistics
@@ -116,7 +117,8 @@ def check_forward(model: torch.nn.Module, inputs: dict[int, torch.Tensor], eager
             got.update({length: logits_of(compiled(inputs[length])) for length in rest})
     except Exception as error:
         return {"forward": "fail: forward", "forward_error": describe(error), **counters()}
-    return {"first_call_s": first_call_s, **compare(got, eager), **counters()}
+    result = {"first_call_s": first_call_s, **compare(got, eager), **counters()}
+    return hidden_failure(result, "forward", result)
 
 
 def compare(got: dict[int, torch.Tensor], eager: dict[int, torch.Tensor]) -> dict:
@@ -145,7 +147,29 @@ def check_generate(model: torch.nn.Module, ids: torch.Tensor, eager_tokens: torc
     finally:
         del model.forward  # the class's forward again
     same = tokens.shape == eager_tokens.shape and torch.equal(tokens, eager_tokens)
-    return {"generate": PASS if same else "MISMATCH: generate", "generate_counters": counters()}
+    result = {"generate": PASS if same else "MISMATCH: generate", "generate_counters": counters()}
+    return hidden_failure(result, "generate", result["generate_counters"])
+
+
+# The counters of a backend error that the backend survived by running the graph eagerly (a warning, not a raise).
+FAILURE_COUNTERS = ("graphs_failed", "dynamo_graphs_eager")
+
+
+def hidden_failure(result: dict, stage: str, counted: dict) -> dict:
+    """A pass that ran some graph eagerly because the backend broke is a backend failure, not a pass: the answer is
+    eager's own. The first warning the backend logged says why."""
+    if result[stage] == PASS and any(counted.get(name) for name in FAILURE_COUNTERS):
+        result = {**result, stage: f"fail: {stage} ran eagerly", f"{stage}_error": BACKEND_WARNINGS[0][:200]
+                  if BACKEND_WARNINGS else "a backend error"}
+    return result
+
+
+class _Warnings(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+        BACKEND_WARNINGS.append(record.getMessage())
+
+
+BACKEND_WARNINGS: list[str] = []
 
 
 def counters() -> dict:
@@ -153,7 +177,8 @@ def counters() -> dict:
     import neuron_dynamo
 
     stats = neuron_dynamo.stats()
-    return {name: stats[name] for name in ("fallback_ops", "programs_compiled", "estimated_device_ns") if name in stats}
+    names = ("fallback_ops", "programs_compiled", "estimated_device_ns", *FAILURE_COUNTERS)
+    return {name: stats[name] for name in names if name in stats}
 
 
 def emit(result: dict) -> None:
@@ -176,6 +201,7 @@ def harness_failure(result: dict, status: str, error: Exception) -> dict:
 def run_worker(model_type: str) -> dict:
     """Every stage for one architecture; each stage's outcome lands in the result, which is emitted as it grows."""
     torch.set_num_threads(1)
+    logging.getLogger("neuron_dynamo").addHandler(_Warnings(logging.WARNING))
     result: dict = {"model_type": model_type, "complete": False}
     try:
         model = build(model_type)
