@@ -340,6 +340,9 @@ def _refuse(node: fx.Node) -> str | None:
                 return "a non-constant scalar operand"
             if isinstance(leaf, complex):
                 return "a complex constant"
+            if isinstance(leaf, int) and not isinstance(leaf, bool) and not (
+                    codegen.INT32_RANGE[0] <= leaf <= codegen.INT32_RANGE[1]):
+                return f"an integer constant beyond int32 ({leaf}): the device keeps integers in 32 bits"
     value = node.meta.get("val")
     if not isinstance(value, torch.Tensor):
         return "no tensor result"

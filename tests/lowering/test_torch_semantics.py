@@ -76,3 +76,14 @@ def test_sdpa_query_with_no_key_to_attend_gives_zero_and_no_gradient():
     for ours, eager in zip(results[1], results[0], strict=True):
         torch.testing.assert_close(ours, eager, atol=1e-5, rtol=1e-4)
     assert neuron_dynamo.stats()["fallback_ops"] == 0
+
+
+def test_integer_constant_beyond_int32_runs_eagerly_with_a_reason():
+    """Reformer masks int64 buckets with iinfo(int64).min: the device's 32-bit integers cannot hold it."""
+    x = torch.arange(6).reshape(2, 3)
+    fn = lambda t: (t * 2).masked_fill(t > 2, torch.iinfo(torch.int64).min)  # noqa: E731
+    report = neuron_dynamo.explain(_compiled(fn), x)
+    assert torch.equal(report.output, fn(x))
+    reasons = [entry["reason"] for graph in report.graphs for entry in graph.fallback_ops]
+    assert any("beyond int32" in reason for reason in reasons)
+    assert neuron_dynamo.stats().get("graphs_failed", 0) == 0
