@@ -159,8 +159,8 @@ def hidden_failure(result: dict, stage: str, counted: dict) -> dict:
     """A pass that ran some graph eagerly because the backend broke is a backend failure, not a pass: the answer is
     eager's own. The first warning the backend logged says why."""
     if result[stage] == PASS and any(counted.get(name) for name in FAILURE_COUNTERS):
-        result = {**result, stage: f"fail: {stage} ran eagerly", f"{stage}_error": BACKEND_WARNINGS[0][:200]
-                  if BACKEND_WARNINGS else "a backend error"}
+        failures = [message for message in BACKEND_WARNINGS if "failed" in message] or ["a backend error"]
+        result = {**result, stage: f"fail: {stage} ran eagerly", f"{stage}_error": failures[0][:200]}
     return result
 
 

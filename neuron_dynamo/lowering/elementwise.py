@@ -231,8 +231,8 @@ def _copy(e, dt, a, *args, **kwargs):
     if a.dtype.startswith(("float", "bfloat")) and not dt.startswith(("float", "bfloat")):
         a = e.call("nl.trunc", a, dtype="float32")  # torch truncates toward zero
     if dt in _WRAP and a.dtype != dt:  # torch wraps into a narrow integer type; the device would saturate
-        bits, low = _WRAP[dt]
-        a = e.call("nl.bitwise_and", e.call("nl.add", a, -low, dtype="int32"), bits, dtype="int32")
+        mask, low = _WRAP[dt]
+        a = e.call("nl.bitwise_and", e.call("nl.add", a, -low, dtype="int32"), mask, dtype="int32")
         a = e.call("nl.add", a, low, dtype="int32")
     return e.call("nl.copy", a, dtype=dt)
 
