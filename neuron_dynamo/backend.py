@@ -100,7 +100,8 @@ def backend_info() -> dict[str, Any]:
     """Which provider `backend="neuron"` resolves to, this package's version, the target and the NKI toolchain.
 
     AWS's TorchNeuron also registers the name `neuron`; when two packages claim it, torch takes the first entry
-    point without a warning, so this says which one won (`neuron_dynamo` always names this package).
+    point without a warning, so this says which one won (`neuron_dynamo` always names this package). It never raises
+    over a bad `NEURON_DYNAMO_*` option: `options_error` says what is wrong (None when the options are valid).
     """
     claims = [ep for ep in metadata.entry_points(group="torch_dynamo_backends") if ep.name == "neuron"]
     loaded = torch._dynamo.backends.registry._COMPILER_FNS.get("neuron")
@@ -113,11 +114,21 @@ def backend_info() -> dict[str, Any]:
         version = metadata.version("neuron-dynamo")
     except metadata.PackageNotFoundError:
         version = "unknown"
-    options = resolve_options()
-    try:
-        target = resolve_target(options.target).name
-    except NeuronDynamoError as exc:
-        target = f"unavailable: {exc}"
+    try:  # a diagnostic: a bad NEURON_DYNAMO_* variable is reported here, not raised
+        options, options_error = resolve_options(), None
+    except OptionError as exc:
+        options_error = str(exc)
+        try:  # the target alone may still be valid (the bad variable being another one)
+            options = resolve_options(environ={k: v for k, v in os.environ.items() if k == "NEURON_DYNAMO_TARGET"})
+        except OptionError:
+            options = None
+    if options is None:
+        target = "unknown: the options are invalid (see options_error)"
+    else:
+        try:
+            target = resolve_target(options.target).name
+        except NeuronDynamoError as exc:
+            target = f"unavailable: {exc}"
     return {
         "backend_names": list(BACKEND_NAMES),
         "neuron_resolves_to": resolves_to,
@@ -125,7 +136,8 @@ def backend_info() -> dict[str, Any]:
         "neuron_providers": [_provider(ep) for ep in claims],
         "version": version,
         "target": target,
-        "target_option": options.target,
+        "target_option": options.target if options is not None else None,
+        "options_error": options_error,
         "nki_provider": nki.get("provider"),
         "nki_version": nki.get("version"),
         "nki_target": nki.get("target"),

@@ -8,23 +8,30 @@ Layout under the cache root (versioned, so a format change never misreads old en
 
     v1/entries/<kk>/<key>.entry     immutable entries, <kk> = the key's first two hex digits
     v1/failures/<key>.json          cached compile failures, each with an expiry time
-    v1/locks/<key>.lock             per-key compile locks (fcntl), holding pid, host and start time
-    v1/quarantine/<key>.<n>.entry   corrupt entries, moved aside for inspection
+    v1/locks/<key>.lock             per-key compile locks (flock), holding pid, host and start time
+    v1/quarantine/<key>.<n>.entry   corrupt entries, moved aside for inspection (removed by `prune`)
 
 An entry file is ``MAGIC`` + an 8-byte big-endian header length + a JSON header (key, sha256 and size of the payload,
 creation time, caller metadata) + the payload. Guarantees:
 
 * writes go to a temporary name in the same directory, are fsynced, then `os.replace`d: readers see a whole entry or
   none, never a torn one;
-* a corrupt or truncated entry is a miss: it is moved to quarantine and counted, never served and never a crash;
+* a corrupt, truncated or malformed entry (and anything that is not a regular file where an entry should be) is a
+  miss: it is moved to quarantine and counted, never served and never a crash;
+* trust (cache_files.py): directories of a trusted owner that no one else may write, files opened without following
+  links or blocking, explicit modes whatever the umask;
+* the cache never takes the model down: a failure to read, write, lock or evict (disk full, read-only media,
+  permissions, a racing eviction) is counted in `stats.errors`, logged once per process and kind, and the program
+  is compiled without the cache. An unusable root makes the constructor raise, unless `strict=False` (the
+  backend's choice): the cache is then `unusable` and every compile runs uncached;
 * N processes that need one key compile it once: the others wait on the key's lock, then read the entry. A lock
-  whose holder died is released by the kernel (fcntl); a lock held past `lock_timeout` is logged and ignored
-  (compiling twice is slower but still correct, since entries are replaced atomically);
-* failures are cached only for `failure_ttl` seconds and `retry_failed=True` retries at once;
+  whose holder died is released by the kernel; a holder that died but left the lock to a forked child (same host,
+  pid gone) is detected, and a lock held past `lock_timeout` is logged and ignored (compiling twice is slower but
+  still correct, since entries are replaced atomically);
+* failures are cached only for `failure_ttl` seconds, honoured only by callers that record them, and
+  `retry_failed=True` retries at once;
 * with `max_bytes`, least-recently-*used* entries are evicted first. The last-use time lives in the entry file's
-  mtime, set on every hit: entries never change after writing, and the file system's own atime is unreliable
-  (`noatime`, `relatime`, and our own header reads would move it);
-* the cache directory is created 0700 and a world-writable one is refused, since entries hold code.
+  mtime, set on every hit: entries never change after writing, and the file system's own atime is unreliable.
 """
 
 from __future__ import annotations
@@ -36,24 +43,37 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import socket
-import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from neuron_dynamo.cache_files import (
+    CacheError,
+    UntrustedPathError,
+    atomic_write,
+    check_dir,
+    check_root,
+    make_dir,
+    open_trusted,
+    read_trusted,
+)
 from neuron_dynamo.errors import NeuronDynamoError
+
+__all__ = ["CacheEntry", "CacheError", "CachedCompileFailure", "CompileCache", "EntryInfo", "make_key"]
 
 log = logging.getLogger("neuron_dynamo.cache")
 
 LAYOUT_VERSION = "v1"
 MAGIC = b"NDCACHE1"
 MODES = ("on", "off", "readonly")
+ORPHAN_SECONDS = 3600.0  # a temporary file older than this belongs to a writer that died: `prune` removes it
 
-
-class CacheError(NeuronDynamoError):
-    """The cache directory or an option is unusable."""
+_warned: set[tuple[str, str]] = set()
+_warned_lock = threading.Lock()
 
 
 class CachedCompileFailure(NeuronDynamoError):
@@ -104,6 +124,8 @@ class CacheStats:
     evicted: int = 0
     failures_cached: int = 0
     lock_waits: int = 0
+    lock_timeouts: int = 0
+    errors: int = 0  # reads, writes, locks or evictions that failed and were worked around
     seconds_saved: float = 0.0
 
     def to_dict(self) -> dict:
@@ -118,7 +140,8 @@ class CompileCache:
     mode: str = "on"
     max_bytes: int | None = None
     failure_ttl: float = 3600.0
-    lock_timeout: float = 600.0
+    lock_timeout: float = 30.0
+    strict: bool = True  # an unusable root raises CacheError; False: warn once and run uncached
     stats: CacheStats = field(default_factory=CacheStats)
 
     def __post_init__(self) -> None:
@@ -126,42 +149,85 @@ class CompileCache:
             raise CacheError(f"cache mode {self.mode!r} is not one of {MODES}; pass cache='on', 'off' or 'readonly'")
         self.root = Path(self.root).expanduser()
         self._base = self.root / LAYOUT_VERSION
-        if self.mode != "off":
+        self._owners = frozenset({os.getuid(), 0})
+        self._dir_mode, self._file_mode = 0o700, 0o600
+        self._checked: set[Path] = set()
+        self.unusable: str | None = None  # why the cache is not used at all (strict=False only)
+        if self.mode == "off":
+            return
+        try:
             self._prepare_root()
+        except (CacheError, OSError) as exc:
+            reason = str(exc) if isinstance(exc, CacheError) else (
+                f"cannot create the cache directory {self._base}: {exc}. Set NEURON_DYNAMO_CACHE_DIR or the option "
+                "cache_dir to a writable directory, or pass cache='off'")
+            if self.strict:
+                raise CacheError(reason) from exc
+            self.unusable = reason
+            self._problem("root", reason)
+
+    @property
+    def active(self) -> bool:
+        """Whether this cache reads anything at all (not off, not unusable)."""
+        return self.mode != "off" and self.unusable is None
 
     # ----------------------------------------------------------------------------------------------- reading
     def get(self, key: str) -> CacheEntry | None:
         """The entry for `key`, or None. A corrupt entry is quarantined and reads as None."""
-        if self.mode == "off":
-            return None
         path = self._entry_path(key)
+        if not self.active:
+            return None
         try:
-            raw = path.read_bytes()
+            self._directory("entries", key[:2])
+            fd = open_trusted(path, os.O_RDONLY, self._owners)
         except FileNotFoundError:
             return None
-        entry = _decode(raw, key)
-        if entry is None:
-            self._quarantine(path, key)
+        except UntrustedPathError as exc:
+            if path.parent in self._checked:  # a planted file in a directory of ours: move it aside
+                self._quarantine(path, key, str(exc))
+            else:
+                self._problem("read", exc)
             return None
-        with contextlib.suppress(OSError):  # read-only media: the LRU order is then best effort
-            os.utime(path)
+        except OSError as exc:
+            self._problem("read", exc)
+            return None
+        try:
+            with os.fdopen(fd, "rb", closefd=False) as f:
+                raw = f.read()
+            entry = _decode(raw, key)
+            if entry is not None and self.mode == "on":
+                with contextlib.suppress(OSError):  # read-only media: the LRU order is then best effort
+                    os.utime(fd)
+        except OSError as exc:
+            self._problem("read", exc)
+            return None
+        finally:
+            os.close(fd)
+        if entry is None:
+            self._quarantine(path, key, "checksum, size or header does not match")
         return entry
 
     def failure(self, key: str) -> str | None:
-        """The reason of a cached, unexpired compile failure of `key`, or None."""
+        """The reason of a cached, unexpired compile failure of `key`, or None (a malformed record is ignored)."""
         path = self._base / "failures" / f"{key}.json"
         try:
-            record = json.loads(path.read_text())
-        except (FileNotFoundError, ValueError):
+            self._directory("failures")
+            record = json.loads(read_trusted(path, self._owners))
+        except FileNotFoundError:
             return None
-        if record.get("expires", 0) < time.time():
+        except (OSError, CacheError, ValueError) as exc:
+            self._problem("read", exc)
             return None
-        return str(record.get("reason", "unknown"))
+        if (not isinstance(record, dict) or record.get("key") != key or not isinstance(record.get("reason"), str)
+                or not isinstance(record.get("expires"), float | int) or record["expires"] < time.time()):
+            return None
+        return record["reason"]
 
     # ----------------------------------------------------------------------------------------------- writing
     def put(self, key: str, payload: bytes, meta: Mapping | None = None) -> None:
-        """Store `payload` under `key` atomically (no-op unless mode is "on")."""
-        if self.mode != "on":
+        """Store `payload` under `key` atomically (no-op unless mode is "on"; a failed write is counted)."""
+        path = self._entry_path(key)
+        if self.mode != "on" or self.unusable:
             return
         header = {
             "key": key,
@@ -172,20 +238,27 @@ class CompileCache:
         }
         header_bytes = json.dumps(header, sort_keys=True).encode()
         blob = MAGIC + len(header_bytes).to_bytes(8, "big") + header_bytes + payload
-        path = self._entry_path(key)
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        _atomic_write(path, blob)
+        try:
+            self._directory("entries", key[:2], create=True)
+            atomic_write(path, blob, self._file_mode)
+        except (OSError, CacheError) as exc:
+            self._problem("write", exc)
+            return
         if self.max_bytes is not None:
             self.prune(max_bytes=self.max_bytes)
 
     def record_failure(self, key: str, reason: str) -> None:
         """Remember that compiling `key` failed, for `failure_ttl` seconds."""
-        if self.mode != "on" or self.failure_ttl <= 0:
+        if self.mode != "on" or self.unusable or self.failure_ttl <= 0:
             return
-        record = {"reason": reason, "created": time.time(), "expires": time.time() + self.failure_ttl}
-        path = self._base / "failures" / f"{key}.json"
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        _atomic_write(path, json.dumps(record).encode())
+        now = time.time()
+        record = {"key": key, "reason": reason, "created": now, "expires": now + self.failure_ttl}
+        try:
+            directory = self._directory("failures", create=True)
+            atomic_write(directory / f"{key}.json", json.dumps(record).encode(), self._file_mode)
+        except (OSError, CacheError) as exc:
+            self._problem("write", exc)
+            return
         self.stats.failures_cached += 1
 
     # ---------------------------------------------------------------------------------------- compile once
@@ -204,14 +277,15 @@ class CompileCache:
         `compile_seconds`, which later hits add to `stats.seconds_saved`. A `compile_fn` whose result cannot be
         stored returns `(None, meta)`: the result is counted as a bypass and the returned entry's payload is None.
         An entry that `accept` refuses (e.g. a partial result whose retry time has come) is compiled again and
-        replaced. An exception of `compile_fn` is cached as a failure (for `failure_ttl`) if `record_failures`.
+        replaced. With `record_failures`, an exception of `compile_fn` is cached as a failure for `failure_ttl`
+        and a cached failure is raised as `CachedCompileFailure`; without it, failure records are ignored.
         """
-        if self.mode == "off":
+        if not self.active:
             return self._compile(key, compile_fn, store=False, record=False)
         hit = self._hit(key, accept)
         if hit is not None:
             return hit
-        reason = None if retry_failed else self.failure(key)
+        reason = self.failure(key) if record_failures and not retry_failed else None
         if reason is not None:
             raise CachedCompileFailure(
                 f"compiling cache key {key[:16]}… failed less than {self.failure_ttl:.0f} s ago: {reason}. "
@@ -227,8 +301,7 @@ class CompileCache:
 
     def discard(self, key: str, reason: str) -> None:
         """Quarantine an entry that reads back whole but cannot be used (counted as corrupt, compiled again)."""
-        log.warning("cache entry %s… is unusable (%s)", key[:16], reason)
-        self._quarantine(self._entry_path(key), key)
+        self._quarantine(self._entry_path(key), key, reason)
 
     def _hit(self, key: str, accept: Callable[[CacheEntry], bool] | None = None) -> CacheEntry | None:
         entry = self.get(key)
@@ -250,7 +323,7 @@ class CompileCache:
                 self.record_failure(key, f"{type(exc).__name__}: {exc}")
             raise
         meta = {**meta, "compile_seconds": time.perf_counter() - start}
-        if payload is None or self.mode == "off":
+        if payload is None or not self.active:
             self.stats.bypasses += 1
         else:
             self.stats.misses += 1
@@ -260,74 +333,103 @@ class CompileCache:
 
     @contextlib.contextmanager
     def _lock(self, key: str) -> Iterator[None]:
-        """An exclusive fcntl lock on the key's lock file; gives up after `lock_timeout` (logged)."""
+        """An exclusive flock on the key's lock file; without it (logged) when it cannot be had in time."""
+        fd = self._acquire(self._base / "locks" / f"{key}.lock")
+        if fd is None:
+            yield
+            return
         path = self._base / "locks" / f"{key}.lock"
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        deadline = time.monotonic() + self.lock_timeout
-        waited = False
-        while True:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as exc:
-                os.close(fd)
-                if exc.errno not in (errno.EAGAIN, errno.EACCES):
-                    raise
-                waited = True
-                if time.monotonic() > deadline:
-                    log.warning(
-                        "cache lock %s still held by %s after %.0f s; compiling without it",
-                        path, _read_holder(path), self.lock_timeout,
-                    )
-                    yield
-                    return
-                time.sleep(0.05)
-                continue
-            if _same_file(fd, path):  # not a lock file that `clear_locks` unlinked while we waited
-                break
-            os.close(fd)
-        if waited:
-            self.stats.lock_waits += 1
         try:
             os.ftruncate(fd, 0)
             os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}).encode())
             yield
         finally:
-            with contextlib.suppress(FileNotFoundError):
+            with contextlib.suppress(OSError):
                 os.unlink(path)
+            os.close(fd)
+
+    def _acquire(self, path: Path) -> int | None:
+        """The locked descriptor of `path`, or None: lock unusable, holder gone, or `lock_timeout` passed."""
+        try:
+            self._directory("locks", create=True)
+        except (OSError, CacheError) as exc:
+            self._problem("lock", exc)
+            return None
+        deadline = time.monotonic() + self.lock_timeout
+        waited = False
+        while True:
+            try:
+                fd = open_trusted(path, os.O_RDWR | os.O_CREAT, self._owners, self._file_mode)
+            except (OSError, CacheError) as exc:
+                self._problem("lock", exc)
+                return None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                os.close(fd)
+                if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                    self._problem("lock", exc)
+                    return None
+                if not waited:
+                    waited = True
+                    self.stats.lock_waits += 1
+                holder = _read_holder(path)
+                if _holder_gone(holder):
+                    log.warning("cache lock %s is held for process %s, which no longer runs; compiling without it",
+                                path, holder.get("pid"))
+                    return None
+                if time.monotonic() > deadline:
+                    self.stats.lock_timeouts += 1
+                    log.warning("cache lock %s still held by %s after %.0f s (option cache_lock_timeout); compiling "
+                                "without it", path, holder, self.lock_timeout)
+                    return None
+                time.sleep(0.05)
+                continue
+            if _same_file(fd, path):  # not a lock file that `clear_locks` or a holder unlinked while we waited
+                return fd
             os.close(fd)
 
     # ------------------------------------------------------------------------------------------ maintenance
     def entries(self) -> list[EntryInfo]:
         """Every readable entry, oldest use first (headers only)."""
         infos = []
-        for path in sorted((self._base / "entries").glob("*/*.entry")):
-            header = _read_header(path)
-            if header is None:
-                continue
-            st = path.stat()
-            infos.append(
-                EntryInfo(
-                    key=header["key"], path=path, size=st.st_size, created=header["created"],
-                    last_used=st.st_mtime, meta=header["meta"],
-                )
-            )
+        for path in self._entry_files():
+            found = _read_header(path, self._owners)
+            if found is not None:
+                header, st = found
+                infos.append(EntryInfo(key=header["key"], path=path, size=st.st_size, created=header["created"],
+                                       last_used=st.st_mtime, meta=header["meta"]))
         return sorted(infos, key=lambda info: info.last_used)
 
     def verify(self) -> list[str]:
         """Re-hash every entry; quarantine and return the keys of the corrupt ones."""
         corrupt = []
-        for path in sorted((self._base / "entries").glob("*/*.entry")):
-            key = path.stem
-            if _decode(path.read_bytes(), key) is None:
-                self._quarantine(path, key)
+        for path in self._entry_files():
+            key = path.name.removesuffix(".entry")
+            try:
+                entry = _decode(read_trusted(path, self._owners), key)
+            except FileNotFoundError:  # evicted meanwhile
+                continue
+            except UntrustedPathError:
+                entry = None
+            except OSError as exc:
+                self._problem("read", exc)
+                continue
+            if entry is None:
+                self._quarantine(path, key, "does not verify")
                 corrupt.append(key)
         return corrupt
 
     def prune(self, max_bytes: int | None = None, older_than: float | None = None) -> int:
-        """Evict entries unused for `older_than` seconds, then least recently used ones above `max_bytes`."""
+        """Evict entries unused for `older_than` seconds, then least recently used ones above `max_bytes`.
+
+        Also removes the quarantine and temporary files that writers which died left behind. Returns the number of
+        entries evicted.
+        """
         if self.mode != "on":
             raise CacheError(f"cannot prune a cache opened with mode={self.mode!r}; open it with cache='on'")
+        if self.unusable:
+            return 0
         infos = self.entries()
         now = time.time()
         keep, evict = [], []
@@ -339,23 +441,18 @@ class CompileCache:
                 oldest = keep.pop(0)
                 total -= oldest.size
                 evict.append(oldest)
-        for info in evict:
-            with contextlib.suppress(FileNotFoundError):
-                info.path.unlink()
-        self.stats.evicted += len(evict)
-        return len(evict)
+        evicted = sum(_remove(info.path) for info in evict)
+        self.stats.evicted += evicted
+        self._remove_leftovers(now)
+        return evicted
 
     def clear_locks(self) -> int:
-        """Remove every lock file (for locks left on file systems where fcntl locks do not die with the holder)."""
-        paths = list((self._base / "locks").glob("*.lock"))
-        for path in paths:
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
-        return len(paths)
+        """Remove every lock file (for locks left on file systems where flock locks do not die with the holder)."""
+        return sum(_remove(path) for path in self._listing("locks", "*.lock"))
 
     def locks(self) -> list[dict]:
         """The lock files present, with their holders."""
-        return [{"key": p.stem, **_read_holder(p)} for p in sorted((self._base / "locks").glob("*.lock"))]
+        return [{"key": p.name.removesuffix(".lock"), **_read_holder(p)} for p in self._listing("locks", "*.lock")]
 
     # ---------------------------------------------------------------------------------------------- internals
     def _prepare_root(self) -> None:
@@ -363,68 +460,90 @@ class CompileCache:
             if not self._base.is_dir():
                 log.info("read-only compile cache %s does not exist: every program is compiled", self._base)
                 return
+            self._owners |= {self.root.stat().st_uid}  # a shared cache: its owner is the one the reader trusts
         else:
-            self._create_base()
-        for directory in (self.root, self._base):
-            mode = directory.stat().st_mode
-            if mode & 0o002:
-                raise CacheError(
-                    f"the cache directory {directory} is world-writable; cache entries hold code, so anyone could "
-                    f"plant a kernel. Run `chmod o-w {directory}` or choose another cache_dir"
-                )
+            self.root.parent.mkdir(parents=True, exist_ok=True)
+            make_dir(self.root, 0o700)
+        check_root(self.root, self._owners)
+        shared = self.root.stat().st_mode & 0o055  # what the root grants group and others, its entries grant too
+        self._dir_mode, self._file_mode = 0o700 | shared, 0o600 | (shared & 0o044)
+        self._directory(create=self.mode == "on")
 
-    def _create_base(self) -> None:
+    def _directory(self, *parts: str, create: bool = False) -> Path:
+        """`v1/<parts>`, each level checked once per process (and created with the cache's mode if `create`)."""
+        path = self._base
+        for part in ("", *parts):
+            path = path / part if part else path
+            if path in self._checked:
+                continue
+            if create:
+                make_dir(path, self._dir_mode)
+            check_dir(path, self._owners)
+            self._checked.add(path)
+        return path
+
+    def _entry_files(self) -> list[Path]:
+        paths = []
+        for directory in self._listing("entries", "*"):
+            try:
+                check_dir(directory, self._owners)
+            except FileNotFoundError:
+                continue
+            except (OSError, CacheError) as exc:
+                self._problem("read", exc)
+                continue
+            paths.extend(sorted(directory.glob("*.entry")))
+        return paths
+
+    def _listing(self, subdir: str, pattern: str) -> list[Path]:
+        """The names matching `pattern` in a checked `v1/<subdir>` (none if it is missing or untrusted)."""
         try:
-            self._base.mkdir(mode=0o700, parents=True, exist_ok=True)
-        except OSError as exc:
-            raise CacheError(
-                f"cannot create the cache directory {self._base}: {exc}. Set NEURON_DYNAMO_CACHE_DIR or the option "
-                "cache_dir to a writable directory, or pass cache='off'"
-            ) from exc
+            return sorted(self._directory(subdir).glob(pattern))
+        except FileNotFoundError:
+            return []
+        except (OSError, CacheError) as exc:
+            self._problem("read", exc)
+            return []
+
+    def _remove_leftovers(self, now: float) -> None:
+        for path in self._listing("quarantine", "*"):
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                _remove(path)
+        for path in [*self._listing("entries", "*/.*.tmp"), *self._listing("failures", ".*.tmp")]:
+            with contextlib.suppress(OSError):
+                if now - path.lstat().st_mtime > ORPHAN_SECONDS:
+                    _remove(path)
 
     def _entry_path(self, key: str) -> Path:
         if len(key) < 8 or not all(c in "0123456789abcdef" for c in key):
             raise CacheError(f"cache key {key!r} is not a lowercase hex digest; build keys with make_key()")
         return self._base / "entries" / key[:2] / f"{key}.entry"
 
-    def _quarantine(self, path: Path, key: str) -> None:
+    def _quarantine(self, path: Path, key: str, reason: str) -> None:
         self.stats.corrupt += 1
-        log.warning("corrupt cache entry %s: treated as a miss and moved to quarantine", path)
-        if self.mode != "on":
+        log.warning("corrupt cache entry %s (%s): treated as a miss and moved to quarantine", path, reason)
+        if self.mode != "on" or self.unusable:
             return
-        target_dir = self._base / "quarantine"
-        target_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        target = target_dir / f"{key}.{time.time_ns()}.entry"
-        with contextlib.suppress(FileNotFoundError):
+        try:
+            target = self._directory("quarantine", create=True) / f"{key}.{time.time_ns()}.entry"
             os.replace(path, target)
+        except FileNotFoundError:
+            pass
+        except (OSError, CacheError) as exc:
+            self._problem("write", exc)
 
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-
-
-def _split(raw: bytes) -> tuple[dict, bytes] | None:
-    if len(raw) < len(MAGIC) + 8 or not raw.startswith(MAGIC):
-        return None
-    start = len(MAGIC) + 8
-    header_len = int.from_bytes(raw[len(MAGIC) : start], "big")
-    try:
-        header = json.loads(raw[start : start + header_len])
-    except ValueError:
-        return None
-    if not isinstance(header, dict):
-        return None
-    return header, raw[start + header_len :]
+    def _problem(self, kind: str, error: object) -> None:
+        """Count a cache failure that was worked around; warn once per process, cache root and kind."""
+        self.stats.errors += 1
+        with _warned_lock:
+            first = (str(self.root), kind) not in _warned
+            _warned.add((str(self.root), kind))
+        message = {"root": "compile cache %s is not used: %s", "read": "compile cache %s: cannot read (%s); compiling",
+                   "write": "compile cache %s: cannot write (%s); the program runs uncached",
+                   "lock": "compile cache %s: cannot lock (%s); compiling without the lock"}[kind]
+        (log.warning if first else log.debug)(message, self.root, error)
 
 
 def _decode(raw: bytes, key: str) -> CacheEntry | None:
@@ -438,29 +557,88 @@ def _decode(raw: bytes, key: str) -> CacheEntry | None:
         or header.get("sha256") != hashlib.sha256(payload).hexdigest()
     ):
         return None
-    return CacheEntry(key=key, payload=payload, meta=header.get("meta", {}), created=header.get("created", 0.0))
+    return CacheEntry(key=key, payload=payload, meta=header["meta"], created=header["created"])
 
 
-def _read_header(path: Path) -> dict | None:
-    with contextlib.suppress(OSError), open(path, "rb") as f:
+def _split(raw: bytes) -> tuple[dict, bytes] | None:
+    """The header and payload of an entry, or None unless the header has every field with its type."""
+    if len(raw) < len(MAGIC) + 8 or not raw.startswith(MAGIC):
+        return None
+    start = len(MAGIC) + 8
+    header_len = int.from_bytes(raw[len(MAGIC) : start], "big")
+    try:
+        header = json.loads(raw[start : start + header_len])
+    except (ValueError, RecursionError):
+        return None
+    if not _well_formed(header):
+        return None
+    return header, raw[start + header_len :]
+
+
+def _well_formed(header: object) -> bool:
+    return (isinstance(header, dict) and isinstance(header.get("key"), str) and isinstance(header.get("meta"), dict)
+            and type(header.get("size")) is int and isinstance(header.get("sha256"), str)
+            and isinstance(header.get("created"), float | int) and not isinstance(header.get("created"), bool))
+
+
+def _read_header(path: Path, owners: frozenset[int]) -> tuple[dict, os.stat_result] | None:
+    try:
+        fd = open_trusted(path, os.O_RDONLY, owners)
+    except (OSError, CacheError):
+        return None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
         prefix = f.read(len(MAGIC) + 8)
         if len(prefix) == len(MAGIC) + 8 and prefix.startswith(MAGIC):
             header_len = int.from_bytes(prefix[len(MAGIC) :], "big")
-            parts = _split(prefix + f.read(header_len))
-            if parts is not None and {"key", "created", "meta"} <= parts[0].keys():
-                return parts[0]
+            parts = _split(prefix + f.read(min(header_len, st.st_size)))
+            if parts is not None:
+                return parts[0], st
     return None
 
 
 def _read_holder(path: Path) -> dict:
     try:
-        return json.loads(path.read_text() or "{}")
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return {}
+    try:
+        record = json.loads(os.read(fd, 4096) or b"{}")
     except (OSError, ValueError):
         return {}
+    finally:
+        os.close(fd)
+    return record if isinstance(record, dict) else {}
+
+
+def _holder_gone(holder: dict) -> bool:
+    """The lock's recorded holder ran on this host and is no longer running."""
+    pid = holder.get("pid")
+    if holder.get("host") != socket.gethostname() or type(pid) is not int or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    return False
 
 
 def _same_file(fd: int, path: Path) -> bool:
     try:
-        return os.fstat(fd).st_ino == os.stat(path).st_ino
+        return os.fstat(fd).st_ino == os.lstat(path).st_ino
     except FileNotFoundError:
         return False
+
+
+def _remove(path: Path) -> int:
+    """Unlink `path` (never following a link); 1 if this call removed it, 0 if it was gone already."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return 0
+    except OSError as exc:
+        log.debug("cannot remove %s: %s", path, exc)
+        return 0
+    return 1

@@ -37,11 +37,11 @@ from neuron_dynamo.options import Options
 from neuron_dynamo.passes.canonical import canonical_graph_text, input_signature
 
 # Bumped whenever the stored program format (program_cache.py) changes meaning.
-PROGRAM_FORMAT = 1
+PROGRAM_FORMAT = 2
 
 KEY_EXEMPT_OPTIONS = frozenset({
     # where and how the cache itself works
-    "cache", "cache_dir", "cache_tag", "cache_max_mb", "cache_failure_ttl", "retry_failed",
+    "cache", "cache_dir", "cache_tag", "cache_max_mb", "cache_failure_ttl", "retry_failed", "cache_lock_timeout",
     # bucketing chooses the static graph and shapes, which are in the key themselves
     "bucketing", "bucket_policy", "bucket_multiple", "buckets", "bucket_dims", "max_bucket", "beyond_max_bucket",
 })

@@ -157,19 +157,74 @@ def load_model(spec: str, random_weights: bool = False) -> tuple[Any, Callable[[
     try:
         factory = getattr(importlib.import_module(module_name), factory_name)
     except (ImportError, AttributeError) as exc:
-        raise PrecompileError(f"cannot load the model factory {spec!r}: {exc}") from exc
-    model, make_inputs = factory()
+        raise PrecompileError(f"cannot load the model factory {spec!r}: {_one_line(exc)}") from exc
+    except Exception as exc:  # the module itself raised while importing
+        raise PrecompileError(f"importing {module_name!r} for the model factory {spec!r} raised "
+                              f"{_one_line(exc)}; fix the module so that it imports") from exc
+    if not callable(factory):
+        raise PrecompileError(f"{spec!r} is not a function (it is of type {type(factory).__name__}): "
+                              f"{FACTORY_CONTRACT}")
+    try:
+        made = factory()
+    except Exception as exc:
+        raise PrecompileError(f"the model factory {spec!r} raised {_one_line(exc)}; fix the factory (it is "
+                              "called with no arguments and must return (model, make_inputs))") from exc
+    problem = _factory_result_problem(made)
+    if problem:
+        raise PrecompileError(f"the model factory {spec!r} returned {problem}: {FACTORY_CONTRACT}")
+    model, make_inputs = made
     return model, make_inputs, spec
+
+
+FACTORY_CONTRACT = ("a factory must return (model, make_inputs): the model (a torch.nn.Module) and a function "
+                    "make_inputs(batch_size, seq_len) giving its positional args or a dict of keyword args")
+
+
+def _one_line(exc: BaseException) -> str:
+    """`Type: the first line of the message` (an error report stays on one line)."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:300].rstrip('.')}" if text else type(exc).__name__
+
+
+def _factory_result_problem(made: Any) -> str:
+    """Why `made` is not (model, make_inputs), or ''."""
+    if not isinstance(made, (tuple, list)) or len(made) != 2:
+        what = f"a {len(made)}-tuple" if isinstance(made, (tuple, list)) else f"a {type(made).__name__}"
+        return f"{what} instead of a pair"
+    model, make_inputs = made
+    if not callable(model):
+        return f"a {type(model).__name__} as the model, which cannot be called"
+    if not callable(make_inputs):
+        return f"a {type(make_inputs).__name__} as make_inputs, which is not a function"
+    return ""
 
 
 def _load_hf(path: Path, random_weights: bool) -> tuple[Any, Callable[[int, int], Any], str]:
     import torch
-    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
-    config = AutoConfig.from_pretrained(path)
+    if not (path / "config.json").is_file():
+        raise PrecompileError(f"{path} holds no config.json, so it is no Hugging Face model directory; give the "
+                              "directory of a saved model (config.json, weights optional) or `package.module:factory`")
+    try:
+        from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+    except ImportError as exc:
+        raise PrecompileError(f"warming a Hugging Face directory needs transformers: {_one_line(exc)}; "
+                              "`pip install transformers`, or give a `package.module:factory`") from exc
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except Exception as exc:  # malformed JSON, no or an unknown model_type, a transformers too old for it
+        raise PrecompileError(f"cannot read the model config {path / 'config.json'}: {_one_line(exc)}. It must be "
+                              "valid JSON with a `model_type` this transformers knows (see AutoConfig), as written "
+                              "by save_pretrained()") from exc
     has_weights = any(path.glob("*.safetensors")) or any(path.glob("*.bin"))
     auto = AutoModelForCausalLM if type(config) in AutoModelForCausalLM._model_mapping else AutoModel
-    model = auto.from_config(config) if random_weights or not has_weights else auto.from_pretrained(path)
+    try:
+        model = auto.from_config(config) if random_weights or not has_weights else auto.from_pretrained(path)
+    except Exception as exc:
+        how = "from its config" if random_weights or not has_weights else "from its weights"
+        raise PrecompileError(f"cannot build the model of {path} {how}: {_one_line(exc)}"
+                              + ("" if random_weights or not has_weights else
+                                 "; pass --random-weights to build it from config.json alone")) from exc
     causal = auto is AutoModelForCausalLM
 
     def make_inputs(batch_size: int, seq_len: int) -> dict[str, Any]:
@@ -283,14 +338,45 @@ class Progress:
             self.stream.write("\n")
 
 
-def warm(ns: argparse.Namespace, cache: CompileCache) -> int:
-    from neuron_dynamo.options import resolve_options
+def check_summary_path(path: Path) -> None:
+    """Fail now, not after an hour of compiling, if the summary cannot be written to `path`."""
+    path = path.expanduser()
+    fix = "give --summary a file in an existing, writable directory"
+    if path.is_dir():
+        raise PrecompileError(f"--summary {path} is a directory; {fix}, e.g. --summary {path / 'summary.json'}")
+    if not path.parent.is_dir():
+        what = "is not a directory" if path.parent.exists() else "does not exist"
+        raise PrecompileError(f"--summary {path}: the directory {path.parent} {what}; create it or {fix}")
+    existed = path.exists()
+    try:
+        with open(path, "a"):
+            pass
+    except OSError as exc:
+        raise PrecompileError(f"--summary {path} cannot be written ({exc.strerror or exc}); {fix}") from exc
+    if not existed:
+        path.unlink()  # the real summary is written at the end; leave nothing behind if the run fails before
+
+
+def warm(ns: argparse.Namespace, root: Path) -> int:
+    from neuron_dynamo.options import ENV_PREFIX, resolve_options
 
     options = dict(ns.option)
-    resolve_options(options)  # a wrong option fails here, before anything is compiled
+    resolved = resolve_options(options)  # a wrong option fails here, before anything is compiled
+    if resolved.cache != "on":
+        source = "-o cache=" + resolved.cache if "cache" in options else f"{ENV_PREFIX}CACHE={resolved.cache}"
+        raise PrecompileError(
+            f"the compile cache is {'off' if resolved.cache == 'off' else 'read-only'} ({source}), so warming would "
+            "compile and store nothing; warm with the cache on: "
+            + ("drop that -o option" if "cache" in options else f"unset {ENV_PREFIX}CACHE or pass -o cache=on")
+        )
     if ns.workers < 1:
         raise PrecompileError("--workers must be at least 1")
+    if ns.summary is not None:
+        check_summary_path(ns.summary)
     loaded = load_model(ns.model, ns.random_weights)  # a wrong model spec fails here, before any worker starts
+    if resolved.cache_dir:  # -o cache_dir=... is where the compiles store: show and summarise that one
+        root = Path(resolved.cache_dir).expanduser()
+    cache = CompileCache(root=root)  # created only now, once the arguments are known to be usable
     tasks = [Task(batch, seq) for batch in ns.batch_sizes for seq in ns.seq_lens]
     # With dynamic=auto every worker primes its dynamic compile with the smallest then the largest shape, so that
     # all workers (and a run whose batch size and length both vary) build the same dynamic graph.
@@ -356,7 +442,7 @@ def warm(ns: argparse.Namespace, cache: CompileCache) -> int:
         if task.status == "failed":
             print(f"  failed: batch {task.batch_size} x seq {task.seq_len}: {task.error}")
     if ns.summary:
-        ns.summary.write_text(json.dumps(summary, indent=2))
+        ns.summary.expanduser().write_text(json.dumps(summary, indent=2))
     return 1 if summary["failed"] or errors else 0
 
 
@@ -376,7 +462,24 @@ def _size(size: float) -> str:
     return f"{size:.1f} TiB"
 
 
-def ls(ns: argparse.Namespace, cache: CompileCache) -> int:
+def _existing_cache(root: Path, mode: str, what: str, stream: Any = None) -> CompileCache | None:
+    """The cache at `root`, or None (after saying so) if there is none: a maintenance command creates nothing."""
+    if root.exists() and not root.is_dir():
+        raise PrecompileError(f"the cache directory {root} is a file; point --cache-dir or $NEURON_DYNAMO_CACHE_DIR "
+                              "at the cache directory")
+    if not root.exists():
+        print(f"no compile cache at {root} (missing): nothing to {what}. The first compile or `neuron-precompile "
+              "warm` creates it; --cache-dir or $NEURON_DYNAMO_CACHE_DIR choose another one", file=stream)
+        return None
+    return CompileCache(root=root, mode=mode)
+
+
+def ls(ns: argparse.Namespace, root: Path) -> int:
+    cache = _existing_cache(root, "readonly", "list", sys.stderr if ns.json else None)
+    if cache is None:
+        if ns.json:
+            print("[]")
+        return 0
     now = time.time()
     entries = cache.entries()
     if ns.json:
@@ -399,25 +502,36 @@ def ls(ns: argparse.Namespace, cache: CompileCache) -> int:
     return 0
 
 
-def verify(ns: argparse.Namespace, cache: CompileCache) -> int:
-    total = len(cache.entries())
-    corrupt = cache.verify()
+def verify(ns: argparse.Namespace, root: Path) -> int:
+    cache = _existing_cache(root, "on", "verify")
+    if cache is None:
+        return 0
+    corrupt = list(dict.fromkeys(cache.verify()))
     for key in corrupt:
         print(f"corrupt: {key} (moved to quarantine)")
-    print(f"verified {total + len(corrupt)} entries: {len(corrupt)} corrupt")
+    # The healthy entries are those left; counting entries() *before* verify() would count a corrupt entry whose
+    # header still reads twice (once there, once in the corrupt list).
+    healthy = [entry for entry in cache.entries() if entry.key not in set(corrupt)]
+    print(f"verified {len(healthy) + len(corrupt)} entries: {len(corrupt)} corrupt")
     return 1 if corrupt else 0
 
 
-def prune(ns: argparse.Namespace, cache: CompileCache) -> int:
+def prune(ns: argparse.Namespace, root: Path) -> int:
     if ns.max_size is None and ns.older_than is None:
         raise PrecompileError("prune needs --max-size and/or --older-than, e.g. prune --max-size 20G")
+    cache = _existing_cache(root, "on", "prune")
+    if cache is None:
+        return 0
     evicted = cache.prune(max_bytes=ns.max_size, older_than=ns.older_than)
     remaining = cache.entries()
     print(f"evicted {evicted} entries; {len(remaining)} left, {_size(sum(e.size for e in remaining))}")
     return 0
 
 
-def clear_locks(ns: argparse.Namespace, cache: CompileCache) -> int:
+def clear_locks(ns: argparse.Namespace, root: Path) -> int:
+    cache = _existing_cache(root, "on", "clear")
+    if cache is None:
+        return 0
     print(f"removed {cache.clear_locks()} lock(s) from {cache.root}")
     return 0
 
@@ -429,9 +543,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
     if ns.cache_dir:
         os.environ["NEURON_DYNAMO_CACHE_DIR"] = str(Path(ns.cache_dir).expanduser())  # workers and options see it
-    try:
-        cache = CompileCache(root=default_cache_dir())
-        return COMMANDS[ns.command](ns, cache)
+    try:  # each command opens the cache itself: a maintenance command never creates it
+        return COMMANDS[ns.command](ns, default_cache_dir())
     except NeuronDynamoError as exc:
         print(f"neuron-precompile: error: {exc}", file=sys.stderr)
         return 2

@@ -36,7 +36,7 @@ from neuron_dynamo.passes.partition import (
     is_compute_op,
     partition,
 )
-from neuron_dynamo.program_cache import REPORT_FIELDS, BuiltProgram, cached_program
+from neuron_dynamo.program_cache import REPORT_FIELDS, BuiltProgram, cached_program, discard_program
 from neuron_dynamo.runtime import CompiledGraph, EagerFallback, StaticProgram
 from neuron_dynamo.toolchain import Target, resolve_target
 
@@ -141,7 +141,19 @@ def compile_static(
     )
     _count(report)
     _watch_device_time(built.module, report)
-    return StaticProgram(built.module, report)
+    if outcome.status != "hit":
+        return StaticProgram(built.module, report)
+
+    # The caller lets go of the inputs after the call (boxed calling convention): keep their layout, not them.
+    layouts = [(x.shape, x.stride(), x.dtype, x.device) if isinstance(x, torch.Tensor) else x for x in example_inputs]
+
+    def recover(reason: str) -> StaticProgram:
+        discard_program(options, outcome.key, f"failed at run time: {reason}")
+        inputs = [torch.empty_strided(*spec[:2], dtype=spec[2], device=spec[3]) if isinstance(spec, tuple) else spec
+                  for spec in layouts]
+        return compile_static(gm, inputs, options, target, name=name, kind=kind)
+
+    return StaticProgram(built.module, report, recover)
 
 
 def _watch_device_time(module: fx.GraphModule, report: GraphReport) -> None:

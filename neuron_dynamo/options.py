@@ -13,8 +13,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import re
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from neuron_dynamo.errors import NeuronDynamoError
@@ -93,8 +94,9 @@ class Options:
     )
     cache_dir: str = _option(
         "",
-        "The compile cache directory (empty: `~/.cache/neuron_dynamo`). Created 0700; a world-writable one is "
-        "refused, since entries hold code.",
+        "The compile cache directory (empty: `~/.cache/neuron_dynamo`). Created 0700. It must belong to you and be "
+        "writable by no one else (see the threat model under Compile cache); otherwise programs run uncached and a "
+        "warning names the fix.",
     )
     cache_tag: str = _option("", "A salt mixed into every cache key, to keep separate entries for the same graphs.")
     cache_max_mb: int = _option(
@@ -105,6 +107,12 @@ class Options:
         minimum=0,
     )
     retry_failed: bool = _option(False, "Compile again a program whose failure is still cached.")
+    cache_lock_timeout: int = _option(
+        30,
+        "Seconds to wait for another process compiling the same program before compiling it too (a holder that "
+        "died is detected at once; compiling twice is slower, never wrong).",
+        minimum=0,
+    )
     compiler_flags: tuple[str, ...] = _option(
         (),
         "Extra `neuronx-cc` flags for target `neuron`, after those of NEURON_CC_FLAGS. From the environment: a "
@@ -157,6 +165,72 @@ def _check_field(field: dataclasses.Field, value: Any) -> None:
     minimum = field.metadata["minimum"]
     if minimum is not None and value < minimum:
         raise OptionError(f"option {field.name!r} must be at least {minimum}, got {value!r}")
+    check = _VALUE_CHECKS.get(field.name)
+    if check is not None:
+        check(value)
+
+
+def _check_lnc(value: int) -> None:
+    # Not `choices=`: those would also change the options table (the help text already says "1 or 2; 0: ...").
+    if value not in (0, 1, 2):
+        raise OptionError(
+            f"option 'lnc' must be 0, 1 or 2 (the logical NeuronCore degree; 0: NEURON_LOGICAL_NC_CONFIG, else the "
+            f"generation's default), got {value!r}"
+        )
+
+
+def _check_eager_ops(names: tuple[str, ...]) -> None:
+    for name in names:
+        if name in _KNOWN_OPS:
+            continue
+        problem = _op_name_problem(name)
+        if problem is None:
+            _KNOWN_OPS.add(name)  # only successes are remembered: a library imported later registers its ops then
+        else:
+            raise OptionError(
+                f"eager_ops entry {name!r} {problem}; write an op as `namespace.op` (every overload, e.g. "
+                "'aten.mm') or `namespace.op.overload` (one overload, e.g. 'aten.mm.default')"
+            )
+
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_KNOWN_OPS: set[str] = set()
+
+
+def _op_name_problem(name: str) -> str | None:
+    """None if `name` names a registered op (`ns.op` or `ns.op.overload`), else what is wrong with it.
+
+    Only attribute look-ups on `torch.ops` (what Dynamo's graphs hold): nothing is imported.
+    """
+    parts = name.split(".")
+    if len(parts) not in (2, 3) or not all(_IDENTIFIER.fullmatch(part) for part in parts):
+        if len(parts) == 1 and _IDENTIFIER.fullmatch(name):
+            return "has no namespace" + (f" (did you mean 'aten.{name}'?)" if _lookup("aten", name) else "")
+        return "is not an op name"
+    if parts[0].startswith("__"):  # (ops may: aten.__and__)
+        return "is not an op name"
+    packet = _lookup(parts[0], parts[1])
+    if packet is None:
+        return (f"is not a registered op (no op {parts[1]!r} in torch.ops.{parts[0]}; an op of another library "
+                "is known once that library is imported)")
+    if len(parts) == 3 and parts[2] not in packet.overloads():
+        overloads = ", ".join(repr(f"{parts[0]}.{parts[1]}.{overload}") for overload in packet.overloads())
+        return f"names no overload of {parts[0]}.{parts[1]} (its overloads: {overloads})"
+    return None
+
+
+def _lookup(namespace: str, op: str) -> Any:
+    """The `torch.ops.<namespace>.<op>` overload packet, or None."""
+    import torch
+
+    try:
+        packet = getattr(getattr(torch.ops, namespace), op)
+    except (AttributeError, RuntimeError):
+        return None
+    return packet if isinstance(packet, torch._ops.OpOverloadPacket) else None
+
+
+_VALUE_CHECKS: dict[str, Callable[[Any], None]] = {"lnc": _check_lnc, "eager_ops": _check_eager_ops}
 
 
 def _coerce(field: dataclasses.Field, value: Any, source: str) -> Any:
@@ -195,6 +269,8 @@ def resolve_options(
     """Validate `options` (and `mode`) into an `Options`, applying `NEURON_DYNAMO_<NAME>` environment overrides."""
     if mode is not None and mode not in TORCH_COMPILE_MODES:
         raise OptionError(f"mode={mode!r} is not a torch.compile mode; use one of {', '.join(TORCH_COMPILE_MODES)}")
+    if options is not None and not isinstance(options, Mapping):
+        raise OptionError(_not_a_mapping(options))
     options = dict(options or {})
     valid = Options.names()
     unknown = sorted(set(options) - set(valid))
@@ -208,9 +284,25 @@ def resolve_options(
         env_name = ENV_PREFIX + field.name.upper()
         if field.name in options:
             values[field.name] = _coerce(field, options[field.name], f"option {field.name!r}")
-        elif env_name in environ:
-            values[field.name] = _coerce(field, environ[env_name], f"environment variable {env_name}")
+        elif env_name in environ:  # surrounding whitespace is a shell accident, never part of a value
+            values[field.name] = _coerce(field, environ[env_name].strip(), f"environment variable {env_name}")
+            try:
+                _check_field(field, values[field.name])
+            except OptionError as exc:
+                raise OptionError(f"{exc} (from the environment variable {env_name}: correct or unset it)") from None
     return Options(**values)
+
+
+def _not_a_mapping(options: Any) -> str:
+    example = "{'target': 'reference'}"
+    if isinstance(options, str) and "=" in options:  # options="target=reference, fallback=error"
+        pairs = [part.partition("=") for part in re.split(r"[,\s]+", options.strip()) if part]
+        if all(sep and name for name, sep, _ in pairs):
+            example = "{" + ", ".join(f"{name.strip()!r}: {value.strip()!r}" for name, _, value in pairs) + "}"
+    return (
+        f"options must be a dict like {example}, got {type(options).__name__} {options!r}: write "
+        f"torch.compile(model, backend='neuron', options={example})"
+    )
 
 
 def options_table() -> str:

@@ -14,9 +14,9 @@ Weights are never stored: Dynamo lifts parameters into graph inputs. Tensors the
 constants) are not stored either: the key covers their content (canonical.py), and a loaded program takes them
 from the graph being compiled, matched by the position of their `get_attr` node, never by attribute name.
 
-Graphs are written as JSON node lists, not pickles: a stored op is named (`aten.mm.default`, a registry kernel by
-op and target, a function of `operator`/`torch`), and loading resolves names against an allow-list, so the
-program part of an entry can name code but cannot carry any. A region artifact is the target's business.
+Graphs are written as JSON node lists by lowering/artifact.py, which decodes them as untrusted data: call targets
+come from closed tables by name, so an entry can name the backend's own ops and kernels but cannot carry code or
+reach anything else. A region artifact is the target's business (the in-process targets use the same codec).
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import dataclasses
-import importlib
 import json
 import logging
 import threading
@@ -40,13 +39,10 @@ from neuron_dynamo import counters
 from neuron_dynamo.cache import CacheEntry, CompileCache, default_cache_dir
 from neuron_dynamo.cache_key import PROGRAM_FORMAT, program_key
 from neuron_dynamo.errors import NeuronDynamoError
-from neuron_dynamo.lowering import Kernel, kernel_for, op_name
+from neuron_dynamo.lowering.artifact import decode_graph, encode_graph
 from neuron_dynamo.options import Options
 
 log = logging.getLogger("neuron_dynamo.program_cache")
-
-# Modules whose functions a stored graph may call (besides aten/prims ops and registry kernels).
-_ALLOWED_MODULES = ("operator", "_operator", "math", "builtins", "torch")
 
 # The report fields that depend on the key alone; the others (name, kind, bucket, time) belong to this process.
 REPORT_FIELDS = ("target", "input_shapes", "ops_total", "ops_lowered", "flops_total", "flops_lowered", "regions",
@@ -68,124 +64,6 @@ class BuiltProgram:
     def module_regions(self) -> list[str]:
         """The region submodules the program calls, compiled or not."""
         return [str(node.target) for node in self.module.graph.nodes if node.op == "call_module"]
-
-
-# ------------------------------------------------------------------------------------------------- graph codec
-def encode_graph(graph: fx.Graph, attr_index: dict[str, int]) -> list:
-    """A JSON-serialisable node list for `graph`; `attr_index` maps get_attr targets to their stable position."""
-    index: dict[fx.Node, int] = {}
-    nodes = []
-    for position, node in enumerate(graph.nodes):
-        index[node] = position
-        if node.op == "get_attr":
-            if node.target not in attr_index:
-                raise UncacheableError(f"get_attr {node.target!r} is not a constant of the compiled graph")
-            target: Any = {"attr": attr_index[node.target]}
-        elif node.op in ("call_function", "call_method"):
-            target = _encode_target(node.target) if node.op == "call_function" else node.target
-        else:  # placeholder, call_module, output: a plain name
-            target = node.target
-        nodes.append([node.op, node.name, target, _encode(node.args, index), _encode(node.kwargs, index)])
-    return nodes
-
-
-def decode_graph(nodes: list, attr_targets: list[str]) -> fx.Graph:
-    """The inverse of `encode_graph`; `attr_targets[i]` is the attribute name of the i-th constant here."""
-    graph = fx.Graph()
-    built: list[fx.Node] = []
-    for op, name, target, args, kwargs in nodes:
-        if op == "get_attr":
-            target = attr_targets[target["attr"]]
-        elif op == "call_function":
-            target = _decode_target(target)
-        node = graph.create_node(op, target, _decode(args, built), _decode(kwargs, built), name=name)
-        built.append(node)
-    return graph
-
-
-def _encode_target(target: Any) -> dict[str, str]:
-    if isinstance(target, Kernel):
-        return {"kernel": op_name(target.op), "target": target.target}
-    if isinstance(target, torch._ops.OpOverload):
-        return {"op": op_name(target)}
-    if isinstance(target, torch._ops.HigherOrderOperator):
-        return {"hop": target.name()}
-    module, qualname = getattr(target, "__module__", None), getattr(target, "__qualname__", None)
-    if module and qualname and module.split(".")[0] in _ALLOWED_MODULES and "<" not in qualname:
-        return {"function": f"{module}:{qualname}"}
-    raise UncacheableError(f"cannot name the call target {target!r} in a cache entry")
-
-
-def _resolve_op(name: str) -> torch._ops.OpOverload:
-    namespace, rest = name.split(".", 1)
-    packet, overload = rest.rsplit(".", 1)
-    return getattr(getattr(getattr(torch.ops, namespace), packet), overload)
-
-
-def _decode_target(target: dict[str, str]) -> Any:
-    if "kernel" in target:
-        op = _resolve_op(target["kernel"])
-        kernel = kernel_for(op, target["target"])
-        if kernel is None:
-            raise UncacheableError(f"no {target['target']!r} kernel is registered for {target['kernel']} any more")
-        return kernel.for_overload(op)
-    if "op" in target:
-        return _resolve_op(target["op"])
-    if "hop" in target:
-        return getattr(torch.ops.higher_order, target["hop"])
-    module, qualname = target["function"].split(":")
-    if module.split(".")[0] not in _ALLOWED_MODULES:
-        raise UncacheableError(f"a cache entry names {module}.{qualname}, outside the allowed modules")
-    value: Any = importlib.import_module(module)
-    for part in qualname.split("."):
-        value = getattr(value, part)
-    return value
-
-
-_SCALAR_TYPES = {
-    "dtype": torch.dtype, "device": torch.device, "memory_format": torch.memory_format, "layout": torch.layout,
-}
-
-
-def _encode(value: Any, index: dict[fx.Node, int]) -> Any:
-    if isinstance(value, fx.Node):
-        return {"node": index[value]}
-    if value is None or isinstance(value, bool | int | str):
-        return value
-    if isinstance(value, float):
-        return {"float": repr(value)}  # repr round-trips exactly, inf and nan included
-    if isinstance(value, list | tuple):
-        return {"list" if isinstance(value, list) else "tuple": [_encode(v, index) for v in value]}
-    if isinstance(value, dict):
-        if not all(isinstance(k, str) for k in value):
-            raise UncacheableError(f"cannot store a dict argument with non-string keys: {value!r}")
-        return {"dict": {k: _encode(v, index) for k, v in value.items()}}
-    if isinstance(value, slice):
-        return {"slice": [_encode(part, index) for part in (value.start, value.stop, value.step)]}
-    for kind, cls in _SCALAR_TYPES.items():
-        if isinstance(value, cls):
-            return {kind: str(value)}
-    raise UncacheableError(f"cannot store the graph argument {value!r} ({type(value).__name__})")
-
-
-def _decode(value: Any, built: list[fx.Node]) -> Any:
-    if not isinstance(value, dict):
-        return value
-    (kind, inner), = value.items()
-    if kind == "node":
-        return built[inner]
-    if kind == "float":
-        return float(inner)
-    if kind in ("list", "tuple"):
-        items = [_decode(v, built) for v in inner]
-        return items if kind == "list" else tuple(items)
-    if kind == "dict":
-        return {k: _decode(v, built) for k, v in inner.items()}
-    if kind == "slice":
-        return slice(*(_decode(part, built) for part in inner))
-    if kind == "device":
-        return torch.device(inner)
-    return getattr(torch, inner.removeprefix("torch."))  # dtype, memory_format, layout
 
 
 # --------------------------------------------------------------------------------------------- program codec
@@ -224,18 +102,27 @@ def encode_program(built: BuiltProgram, gm: fx.GraphModule, target: Any) -> byte
 def decode_program(payload: bytes, gm: fx.GraphModule, target: Any, wrap: Callable[[Any], torch.nn.Module]):
     """The program module and report fields stored in `payload`, for the graph `gm` of this process."""
     document = json.loads(payload)
-    if document.get("format") != PROGRAM_FORMAT:
-        raise UncacheableError(f"entry format {document.get('format')!r}, expected {PROGRAM_FORMAT}")
+    if not isinstance(document, dict) or document.get("format") != PROGRAM_FORMAT:
+        raise UncacheableError(f"not a program entry of format {PROGRAM_FORMAT}")
+    regions, report = document.get("regions"), document.get("report")
+    if not isinstance(regions, dict) or not isinstance(report, dict) or set(report) != set(REPORT_FIELDS):
+        raise UncacheableError("a program entry without its regions or report")
     attr_targets = _attr_targets(gm)
     constants = {name: _get_attr(gm, name) for name in attr_targets}
     submodules: dict[str, Any] = {}
-    for name, region in document["regions"].items():
-        if "artifact" in region:
-            submodules[name] = wrap(_load_region(target, base64.b64decode(region["artifact"]), constants))
+    for name, region in regions.items():
+        if not name.isidentifier() or name in constants or not isinstance(region, dict):
+            raise UncacheableError(f"a program entry with a malformed region {name!r}")
+        if isinstance(region.get("artifact"), str):
+            data = base64.b64decode(region["artifact"], validate=True)
+            submodules[name] = wrap(_load_region(target, data, constants))
         else:
-            submodules[name] = fx.GraphModule(constants, decode_graph(region["graph"], attr_targets))
-    module = fx.GraphModule({**constants, **submodules}, decode_graph(document["graph"], attr_targets))
-    return module, document["report"]
+            submodules[name] = fx.GraphModule(constants, decode_graph(region.get("graph"), attr_targets))
+    module = fx.GraphModule({**constants, **submodules}, decode_graph(document.get("graph"), attr_targets))
+    called = {str(node.target) for node in module.graph.nodes if node.op == "call_module"}
+    if not called <= set(submodules):
+        raise UncacheableError(f"a program entry calls regions it does not hold: {sorted(called - set(submodules))}")
+    return module, report
 
 
 def _get_attr(gm: fx.GraphModule, name: str) -> Any:
@@ -271,11 +158,12 @@ def cache_for(options: Options) -> CompileCache:
     """The process's store for these options (one per directory, mode and limits)."""
     root = Path(options.cache_dir).expanduser() if options.cache_dir else default_cache_dir()
     max_bytes = options.cache_max_mb * 2**20 if options.cache_max_mb else None
-    spec = (str(root), options.cache, max_bytes, options.cache_failure_ttl)
+    spec = (str(root), options.cache, max_bytes, options.cache_failure_ttl, options.cache_lock_timeout)
     with _caches_lock:
         if spec not in _caches:
             _caches[spec] = CompileCache(
-                root=root, mode=options.cache, max_bytes=max_bytes, failure_ttl=float(options.cache_failure_ttl)
+                root=root, mode=options.cache, max_bytes=max_bytes, failure_ttl=float(options.cache_failure_ttl),
+                lock_timeout=float(options.cache_lock_timeout), strict=False,
             )
         return _caches[spec]
 
@@ -293,10 +181,11 @@ def labelled(label: str) -> Iterator[None]:
 
 @dataclasses.dataclass(frozen=True)
 class CacheOutcome:
-    """How one static program was obtained: `status` hit, miss, bypass (built, not storable) or off."""
+    """How one static program was obtained: `status` hit, miss, bypass (built, not storable), off or unusable."""
 
     status: str
     seconds_saved: float = 0.0  # on a hit: the stored compile time minus the time loading took
+    key: str | None = None
 
 
 def cached_program(
@@ -312,9 +201,11 @@ def cached_program(
     A hit skips `build` entirely. Cache statistics go to the process-wide counters (`cache.*` in `stats()`).
     """
     cache = cache_for(options)
-    if cache.mode == "off":
+    if not cache.active:
         counters.bump("cache.bypasses")
-        return build(), CacheOutcome("off")
+        if cache.unusable:  # warned once when the cache was opened; counted for every program it cost
+            counters.bump("cache.errors")
+        return build(), CacheOutcome("off" if cache.mode == "off" else "unusable")
     before = dataclasses.replace(cache.stats)
     start = time.perf_counter()
     key = program_key(gm, example_inputs, options, target)
@@ -325,7 +216,16 @@ def cached_program(
     saved = max(0.0, stored_seconds - (time.perf_counter() - start)) if status == "hit" else 0.0
     counters.bump("cache.seconds_saved", saved)
     log.debug("compile cache %s for key %s… (%s)", status, key[:16], cache.root)
-    return program, CacheOutcome(status, saved)
+    return program, CacheOutcome(status, saved, key)
+
+
+def discard_program(options: Options, key: str, reason: str) -> None:
+    """Quarantine the entry of a program that loaded but failed at run time, so that it is compiled again."""
+    counters.bump("cache.runtime_failures")
+    cache = cache_for(options)
+    before = dataclasses.replace(cache.stats)
+    cache.discard(key, reason)
+    _publish(before, cache.stats)
 
 
 def _through_cache(cache, key, gm, options, target, build, wrap) -> tuple[BuiltProgram, str, float]:
@@ -348,33 +248,34 @@ def _through_cache(cache, key, gm, options, target, build, wrap) -> tuple[BuiltP
         }
         return payload, meta
 
+    loaded: list[tuple[fx.GraphModule, dict]] = []
+
     def accept(entry: CacheEntry) -> bool:
-        """A program with regions whose compile failed is a cached failure: kept for the TTL, or until a retry."""
-        if not entry.meta.get("failed_regions"):
-            return True
-        return not options.retry_failed and time.time() - entry.created < options.cache_failure_ttl
+        """A hit is an entry that decodes into a program, and whose failed regions (a cached failure) may wait.
+
+        Whatever a stored program fails to decode with, it is not served and never a crash: it is quarantined and
+        compiled again (in a read-only cache: compiled without it)."""
+        if entry.meta.get("failed_regions") and (
+                options.retry_failed or time.time() - entry.created >= options.cache_failure_ttl):
+            return False
+        try:
+            loaded.append(decode_program(entry.payload, gm, target, wrap))
+        except Exception as exc:
+            cache.discard(key, f"{type(exc).__name__}: {exc}")
+            return False
+        return True
 
     # An exception out of `build` is a strict-mode error or a bug, raised fast: not worth caching. Toolchain
     # failures are caught per region (the region runs eagerly) and cached through `accept`.
     entry = cache.get_or_compile(key, compile_fn, options.retry_failed, accept=accept, record_failures=False)
     if built_now:
         return built_now[0], "miss" if entry.payload is not None else "bypass", 0.0
-    try:
-        module, report = decode_program(entry.payload, gm, target, wrap)
-    except Exception as exc:  # whatever a stored program fails with, it is a miss: never a crash, never served
-        cache.discard(key, f"{type(exc).__name__}: {exc}")
-        if cache.mode == "on":
-            entry = cache.get_or_compile(key, compile_fn, True, accept=accept, record_failures=False)
-        if built_now:
-            return built_now[0], "miss" if entry.payload is not None else "bypass", 0.0
-        cache.stats.misses += 1  # read-only cache, or another process rewrote the entry meanwhile
-        return build(), "miss", 0.0
-    stored_seconds = float(entry.meta.get("compile_seconds", 0.0))
-    return BuiltProgram(module=module, compiled={}, report=report), "hit", stored_seconds
+    module, report = loaded[-1]
+    return BuiltProgram(module=module, compiled={}, report=report), "hit", float(entry.meta.get("compile_seconds", 0.0))
 
 
 def _publish(before: Any, after: Any) -> None:
-    for field in ("hits", "misses", "bypasses", "corrupt", "evicted", "lock_waits"):
+    for field in ("hits", "misses", "bypasses", "corrupt", "evicted", "lock_waits", "lock_timeouts", "errors"):
         delta = getattr(after, field) - getattr(before, field)
         if delta:
             counters.bump(f"cache.{field}", delta)

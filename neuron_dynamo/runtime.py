@@ -22,14 +22,27 @@ log = logging.getLogger("neuron_dynamo.runtime")
 class StaticProgram:
     """One static specialisation of a graph: the partitioned module with compiled regions, and its report."""
 
-    def __init__(self, module: fx.GraphModule, report: Any) -> None:
+    def __init__(self, module: fx.GraphModule, report: Any,
+                 recover: Callable[[str], StaticProgram] | None = None) -> None:
         self.module = module
         self.report = report
+        self.recover = recover  # a program loaded from the cache: how to build it afresh if its first run fails
 
     def __call__(self, *args: Any) -> Any:
         if counters.reporting():  # an explain() is listening: tell it this program ran
             counters.publish_report(self.report)
-        return self.module(*args)
+        if self.recover is None:
+            return self.module(*args)
+        recover, self.recover = self.recover, None
+        try:
+            return self.module(*args)
+        except Exception as exc:
+            reason = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+            log.warning("%s: a program loaded from the compile cache failed (%s); its entry is quarantined and the "
+                        "program compiled again", self.report.name, reason)
+            rebuilt = recover(reason)
+            self.module, self.report = rebuilt.module, rebuilt.report
+            return self.module(*args)
 
 
 def specialization_key(args: Sequence[Any]) -> Hashable:

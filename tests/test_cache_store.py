@@ -133,7 +133,7 @@ def test_directory_is_private_and_world_writable_is_refused(tmp_path):
     shared = tmp_path / "shared"
     shared.mkdir()
     shared.chmod(0o777)
-    with pytest.raises(CacheError, match="world-writable.*chmod o-w"):
+    with pytest.raises(CacheError, match="writable by group or others.*chmod go-w"):
         CompileCache(root=shared)
 
 

@@ -1,130 +1,315 @@
-"""Lowered regions as bytes and back, for the persistent compile cache (`Target.serialize_region`/`load_region`).
+"""Graphs as data: program graphs and lowered regions to JSON and back, for the persistent compile cache.
 
-A simulator region's artifact is its lowered graph: nodes calling registry kernels (stored by op name and
-target) and generated kernels (stored by their fused-group spec, from which the same NKI source is generated and
-exec'd again on load: no partitioning, no lowering, no matching). Aten ops are stored by name. A region that reads
-graph constants (get_attr) is not stored: the program is then simply not cached.
+A cache entry is read from disk, so decoding treats it as untrusted data that must not be able to run code of its
+own (the directory checks of cache.py keep strangers out; this keeps a planted entry harmless even so):
+
+* a call target is looked up by *name* in closed tables, never by module path and never imported: aten/prims ops
+  (must resolve to a registered `OpOverload`), registry kernels (op + target), pattern kernels, a fixed set of
+  Python functions (`operator.getitem`, ...), and generated kernels, which are stored as their fused-group spec
+  and whose NKI source is generated again on load;
+* every string that `torch.fx` pastes into the Python source of a GraphModule (placeholder and attribute targets,
+  method names, keyword names, node names) must be an identifier;
+* constants are JSON scalars or tagged values (floats by `repr`, dtypes, devices, memory formats, layouts,
+  slices, lists, tuples, dicts); a fused-group spec is typed and checked (each operand refers to an input or an
+  earlier step, each op has an NKI emitter, string constants are identifiers) before any source is generated.
+
+A region artifact is `FORMAT` (one byte) + the JSON node list. A region that reads graph constants (get_attr) is
+not stored by `dump_region`: the program is then simply not cached.
 """
 
 from __future__ import annotations
 
-import io
+import json
+import math
 import operator
-import pickle
+import re
 from typing import Any
 
 import torch
 import torch.fx as fx
 
 from neuron_dynamo.errors import NeuronDynamoError
-from neuron_dynamo.lowering.fusion import FusedKernel
+from neuron_dynamo.lowering.codegen import GroupSpec, Ref, Step, emitter_for
+from neuron_dynamo.lowering.fusion import FusedKernel, match_strides
 from neuron_dynamo.lowering.patterns import PATTERN_KERNELS, PatternKernel
 from neuron_dynamo.lowering.registry import Kernel, kernel_for, op_name
 
-FORMAT = 1
+FORMAT = 2
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_ATTRIBUTE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
+_OP_PART = re.compile(r"(?!__)[A-Za-z_][A-Za-z0-9_]*\Z")  # no dunders: `aten.__class__...` names no op
+
+# The Python functions a stored graph may call: what Dynamo/AOTAutograd and the lowering put in graphs.
+_FUNCTIONS: dict[str, Any] = {
+    **{f"operator.{name}": getattr(operator, name) for name in (
+        "getitem", "add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "neg", "pos", "abs", "eq", "ne", "lt",
+        "le", "gt", "ge", "and_", "or_", "xor", "invert", "not_")},
+    **{f"math.{name}": getattr(math, name) for name in ("floor", "ceil", "trunc", "sqrt")},
+    **{f"torch.{name}": getattr(torch, name) for name in (
+        "sym_int", "sym_float", "sym_max", "sym_min", "sym_not", "sym_ite", "sym_sqrt")},
+    "neuron_dynamo.match_strides": match_strides,
+}
+_FUNCTION_NAMES = {id(fn): name for name, fn in _FUNCTIONS.items()}
+_TORCH_TYPES = {"dtype": torch.dtype, "memory_format": torch.memory_format, "layout": torch.layout}
+_NODE_OPS = ("placeholder", "get_attr", "call_function", "call_method", "call_module", "output")
 
 
 class ArtifactError(NeuronDynamoError):
-    """A lowered region that cannot be stored, or stored bytes that do not decode."""
+    """A graph that cannot be stored, or stored data that does not decode to one."""
 
 
-def _resolve_op(name: str) -> torch._ops.OpOverload:
-    namespace, rest = name.split(".", 1)
-    packet, overload = rest.rsplit(".", 1)
-    return getattr(getattr(getattr(torch.ops, namespace), packet), overload)
+def _checked(pattern: re.Pattern, text: Any, what: str) -> str:
+    if not isinstance(text, str) or not pattern.match(text):
+        raise ArtifactError(f"{what} {text!r} is not a plain identifier")
+    return text
 
 
-class _Pickler(pickle.Pickler):
-    def __init__(self, file: io.BytesIO, index: dict[fx.Node, int]) -> None:
-        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
-        self.index = index
-
-    def persistent_id(self, obj: Any) -> Any:
-        if isinstance(obj, fx.Node):
-            return ("node", self.index[obj])
-        if isinstance(obj, Kernel):
-            return ("kernel", op_name(obj.op), obj.target)
-        if isinstance(obj, FusedKernel):
-            return ("fused", obj.spec, obj.shape)
-        if isinstance(obj, torch._ops.OpOverload):
-            return ("op", op_name(obj))
-        if isinstance(obj, PatternKernel):
-            return ("pattern", obj.__name__)
-        if obj is operator.getitem:
-            return ("getitem",)
-        return None
-
-
-# What an artifact may name: cache entries hold code, so a planted entry must not reach anything else on load.
-_ALLOWED_CLASSES = {
-    "neuron_dynamo.lowering.codegen": {"GroupSpec", "Ref", "Step"},
-    "neuron_dynamo.lowering.fusion": {"match_strides"},
-    "torch.fx.immutable_collections": {"immutable_dict", "immutable_list"},
-    "builtins": {"slice", "tuple", "list", "dict", "set", "frozenset"},
-    "torch": {"device"},
-}
-_TORCH_VALUE_TYPES = (torch.dtype, torch.memory_format, torch.layout)
+# ------------------------------------------------------------------------------------------------------ values
+def encode_value(value: Any, index: dict[fx.Node, int] | None = None) -> Any:
+    """A JSON-serialisable form of a graph argument or a fused-group constant (`Ref`s, nodes by position)."""
+    if isinstance(value, fx.Node):
+        if index is None:
+            raise ArtifactError("a graph node where only constants may appear")
+        return {"node": index[value]}
+    if isinstance(value, Ref):
+        return {"ref": [value.kind, value.index]}
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        return {"float": repr(value)}  # repr round-trips exactly, inf and nan included
+    if isinstance(value, list | tuple):
+        return {"list" if isinstance(value, list) else "tuple": [encode_value(v, index) for v in value]}
+    if isinstance(value, dict):
+        return {"dict": [[_checked(_IDENTIFIER, k, "a keyword"), encode_value(v, index)] for k, v in value.items()]}
+    if isinstance(value, slice):
+        return {"slice": [encode_value(part, index) for part in (value.start, value.stop, value.step)]}
+    if isinstance(value, torch.device):
+        return {"device": str(value)}
+    for kind, cls in _TORCH_TYPES.items():
+        if isinstance(value, cls):
+            return {kind: str(value).removeprefix("torch.")}
+    raise ArtifactError(f"cannot store the graph argument {value!r} ({type(value).__name__})")
 
 
-class _Unpickler(pickle.Unpickler):
-    def __init__(self, file: io.BytesIO, built: list[fx.Node]) -> None:
-        super().__init__(file)
-        self.built = built
+def decode_value(value: Any, built: list[fx.Node] | None = None) -> Any:
+    """The inverse of `encode_value`; `built` holds the nodes decoded so far (None: no node may appear)."""
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if not isinstance(value, dict) or len(value) != 1:
+        raise ArtifactError(f"malformed stored value {value!r}")
+    ((kind, inner),) = value.items()
+    if kind == "node" and built is not None and type(inner) is int and 0 <= inner < len(built):
+        return built[inner]
+    if kind == "ref" and isinstance(inner, list) and len(inner) == 2:
+        return Ref(inner[0], inner[1])  # checked against its spec by `_decode_spec`
+    if kind == "float" and isinstance(inner, str):
+        return float(inner)
+    if kind in ("list", "tuple", "slice") and isinstance(inner, list):
+        items = [decode_value(v, built) for v in inner]
+        if kind == "slice":
+            if len(items) != 3 or not all(item is None or type(item) is int for item in items):
+                raise ArtifactError(f"malformed stored slice {inner!r}")
+            return slice(*items)
+        return items if kind == "list" else tuple(items)
+    if kind == "dict" and isinstance(inner, list):
+        return {_checked(_IDENTIFIER, k, "a keyword"): decode_value(v, built) for k, v in inner}
+    if kind == "device" and isinstance(inner, str):
+        return torch.device(inner)
+    if kind in _TORCH_TYPES and isinstance(inner, str) and _IDENTIFIER.match(inner):
+        found = getattr(torch, inner, None)
+        if isinstance(found, _TORCH_TYPES[kind]):
+            return found
+    raise ArtifactError(f"malformed stored value {value!r}")
 
-    def find_class(self, module: str, name: str) -> Any:
-        if name in _ALLOWED_CLASSES.get(module, ()):
-            return super().find_class(module, name)
-        if module in ("torch", "torch._utils"):  # dtypes, memory formats and layouts are stored by name
-            value = getattr(torch, name.removeprefix("torch."), None)
-            if isinstance(value, _TORCH_VALUE_TYPES):
-                return value
-        raise ArtifactError(f"an artifact names {module}.{name}, which a lowered region never holds")
 
-    def persistent_load(self, pid: Any) -> Any:
-        kind = pid[0]
-        if kind == "node":
-            return self.built[pid[1]]
-        if kind == "kernel":
-            op = _resolve_op(pid[1])
-            kernel = kernel_for(op, pid[2])
-            if kernel is None:
-                raise ArtifactError(f"no {pid[2]!r} kernel is registered for {pid[1]} any more")
-            return kernel.for_overload(op)
-        if kind == "fused":
-            return FusedKernel(pid[1], pid[2])
-        if kind == "op":
-            return _resolve_op(pid[1])
-        if kind == "pattern":
-            return PATTERN_KERNELS[pid[1]]
-        if kind == "getitem":
-            return operator.getitem
-        raise ArtifactError(f"unknown artifact reference {pid!r}")
+# ----------------------------------------------------------------------------------------------------- targets
+def resolve_op(name: Any) -> torch._ops.OpOverload:
+    """The registered op overload named `namespace.op.overload` (e.g. `aten.mm.default`), or ArtifactError."""
+    parts = name.split(".") if isinstance(name, str) else []
+    if len(parts) != 3 or not all(_OP_PART.match(part) for part in parts):
+        raise ArtifactError(f"{name!r} does not name an op overload")
+    found = getattr(getattr(getattr(torch.ops, parts[0]), parts[1], None), parts[2], None)
+    if not isinstance(found, torch._ops.OpOverload):
+        raise ArtifactError(f"no op {name!r} is registered")
+    return found
+
+
+def _encode_target(target: Any) -> dict[str, Any]:
+    if isinstance(target, Kernel):
+        return {"kernel": op_name(target.op), "target": target.target}
+    if isinstance(target, FusedKernel):
+        return {"fused": _encode_spec(target.spec), "shape": list(target.shape)}
+    if isinstance(target, PatternKernel):
+        return {"pattern": target.__name__}
+    if isinstance(target, torch._ops.OpOverload):
+        return {"op": op_name(target)}
+    if isinstance(target, torch._ops.HigherOrderOperator):
+        return {"hop": target.name()}
+    if id(target) in _FUNCTION_NAMES:
+        return {"function": _FUNCTION_NAMES[id(target)]}
+    raise ArtifactError(f"cannot name the call target {target!r} in a cache entry")
+
+
+def _decode_target(target: Any) -> Any:
+    if not isinstance(target, dict):
+        raise ArtifactError(f"malformed call target {target!r}")
+    if "kernel" in target:
+        op = resolve_op(target["kernel"])
+        kernel = kernel_for(op, target.get("target"))
+        if kernel is None:
+            raise ArtifactError(f"no {target.get('target')!r} kernel is registered for {target['kernel']}")
+        return kernel.for_overload(op)
+    if "fused" in target:
+        shape = target.get("shape")
+        if not isinstance(shape, list) or not all(type(size) is int and size >= 0 for size in shape):
+            raise ArtifactError(f"malformed fused kernel shape {shape!r}")
+        return FusedKernel(_decode_spec(target["fused"]), shape)
+    if "pattern" in target:
+        if target["pattern"] not in PATTERN_KERNELS:
+            raise ArtifactError(f"no pattern kernel {target['pattern']!r}")
+        return PATTERN_KERNELS[target["pattern"]]
+    if "op" in target:
+        return resolve_op(target["op"])
+    if "hop" in target:
+        found = getattr(torch.ops.higher_order, _checked(_OP_PART, target["hop"], "a higher-order op"), None)
+        if not isinstance(found, torch._ops.HigherOrderOperator):
+            raise ArtifactError(f"no higher-order op {target['hop']!r}")
+        return found
+    if target.get("function") in _FUNCTIONS:
+        return _FUNCTIONS[target["function"]]
+    raise ArtifactError(f"a stored graph calls {target!r}, which is not in the table of callable targets")
+
+
+# ------------------------------------------------------------------------------------------- fused-group specs
+def _encode_spec(spec: GroupSpec) -> dict[str, Any]:
+    return {
+        "inputs": [encode_value(dtype) for dtype in spec.inputs],
+        "steps": [{"op": op_name(step.op), "args": encode_value(step.args),
+                   "kwargs": [[name, encode_value(value)] for name, value in step.kwargs],
+                   "dtype": encode_value(step.dtype)} for step in spec.steps],
+        "outputs": list(spec.outputs),
+    }
+
+
+def _decode_spec(data: Any) -> GroupSpec:
+    """A fused-group spec, checked so that the source generated from it says only what a lowering could say."""
+    if not isinstance(data, dict) or not isinstance(data.get("steps"), list):
+        raise ArtifactError("malformed fused-group spec")
+    inputs = tuple(_dtype(value) for value in _list(data.get("inputs")))
+    steps: list[Step] = []
+    for row in data["steps"]:
+        if not isinstance(row, dict):
+            raise ArtifactError("malformed fused-group step")
+        op = resolve_op(row.get("op"))
+        if emitter_for(op) is None:
+            raise ArtifactError(f"{op_name(op)} has no NKI emitter: not a fused-group step")
+        args = _step_constant(decode_value(row.get("args")), len(inputs), len(steps))
+        kwargs = tuple((_checked(_IDENTIFIER, pair[0], "a keyword"),
+                        _step_constant(decode_value(pair[1]), len(inputs), len(steps)))
+                       for pair in _list(row.get("kwargs")) if isinstance(pair, list) and len(pair) == 2)
+        if not isinstance(args, tuple) or len(kwargs) != len(_list(row.get("kwargs"))):
+            raise ArtifactError("malformed fused-group step arguments")
+        steps.append(Step(op, args, kwargs, _dtype(row.get("dtype"))))
+    outputs = tuple(_list(data.get("outputs")))
+    if not outputs or not all(type(i) is int and 0 <= i < len(steps) for i in outputs):
+        raise ArtifactError("malformed fused-group outputs")
+    return GroupSpec(inputs, tuple(steps), outputs)
+
+
+def _step_constant(value: Any, inputs: int, steps: int) -> Any:
+    """A step operand: a `Ref` to an input or an earlier step, a number, None, a dtype or an identifier string."""
+    if isinstance(value, Ref):
+        limit = {"in": inputs, "step": steps}.get(value.kind)
+        if limit is None or type(value.index) is not int or not 0 <= value.index < limit:
+            raise ArtifactError(f"a fused-group operand refers to nothing: {value!r}")
+        return value
+    if isinstance(value, list | tuple):
+        return type(value)(_step_constant(v, inputs, steps) for v in value)
+    if isinstance(value, str):
+        return _checked(_IDENTIFIER, value, "a fused-group constant")
+    if value is None or isinstance(value, bool | int | float | torch.dtype):
+        return value
+    raise ArtifactError(f"a fused-group constant of type {type(value).__name__}")
+
+
+def _dtype(value: Any) -> torch.dtype:
+    decoded = decode_value(value)
+    if not isinstance(decoded, torch.dtype):
+        raise ArtifactError(f"{value!r} is not a dtype")
+    return decoded
+
+
+def _list(value: Any) -> list:
+    if not isinstance(value, list):
+        raise ArtifactError(f"malformed stored list {value!r}")
+    return value
+
+
+# ------------------------------------------------------------------------------------------------------ graphs
+def encode_graph(graph: fx.Graph, attr_index: dict[str, int] | None = None) -> list:
+    """A JSON-serialisable node list; `attr_index` maps get_attr targets to their stable position (None: none)."""
+    index: dict[fx.Node, int] = {}
+    rows = []
+    for position, node in enumerate(graph.nodes):
+        index[node] = position
+        if node.op == "get_attr":
+            if attr_index is None or node.target not in attr_index:
+                raise ArtifactError(f"get_attr {node.target!r} is not a constant of the compiled graph")
+            target: Any = {"attr": attr_index[node.target]}
+        elif node.op == "call_function":
+            target = _encode_target(node.target)
+        else:
+            target = _checked(_ATTRIBUTE, node.target, f"the {node.op} target")
+        rows.append([node.op, _checked(_IDENTIFIER, node.name, "a node name"), target,
+                     encode_value(node.args, index), encode_value(dict(node.kwargs), index)])
+    return rows
+
+
+def decode_graph(rows: Any, attr_targets: list[str] | None = None) -> fx.Graph:
+    """The inverse of `encode_graph`; `attr_targets[i]` is the attribute name of the i-th constant here."""
+    graph = fx.Graph()
+    built: list[fx.Node] = []
+    for row in _list(rows):
+        if not isinstance(row, list) or len(row) != 5 or row[0] not in _NODE_OPS:
+            raise ArtifactError(f"malformed stored node {row!r}")
+        op, name, target, args, kwargs = row
+        if op == "get_attr":
+            position = target.get("attr") if isinstance(target, dict) else None
+            if attr_targets is None or type(position) is not int or not 0 <= position < len(attr_targets):
+                raise ArtifactError(f"a stored get_attr refers to no constant: {target!r}")
+            target = attr_targets[position]
+        elif op == "call_function":
+            target = _decode_target(target)
+        else:
+            target = _checked(_ATTRIBUTE, target, f"the {op} target")
+            if op == "call_method" and (target.startswith("_") or not hasattr(torch.Tensor, target)):
+                raise ArtifactError(f"{target!r} is not a public tensor method")
+        args, kwargs = decode_value(args, built), decode_value(kwargs, built)
+        if not isinstance(args, tuple) or not isinstance(kwargs, dict):
+            raise ArtifactError(f"malformed arguments of stored node {name!r}")
+        built.append(graph.create_node(op, target, args, kwargs, name=_checked(_IDENTIFIER, name, "a node name")))
+    return graph
 
 
 def dump_region(lowered: fx.GraphModule) -> bytes:
     """The lowered region graph as bytes."""
-    index: dict[fx.Node, int] = {}
-    rows = []
-    for position, node in enumerate(lowered.graph.nodes):
+    for node in lowered.graph.nodes:
         if node.op not in ("placeholder", "call_function", "output"):
             raise ArtifactError(f"a lowered region with a {node.op} node ({node.name}) is not stored")
-        rows.append((node.op, node.name, node.target, node.args, node.kwargs))
-        index[node] = position
-    buffer = io.BytesIO()
-    buffer.write(bytes([FORMAT]))
-    for row in rows:  # one record per node, so a record only refers to nodes already decoded
-        _Pickler(buffer, index).dump(row)
-    return buffer.getvalue()
+    return bytes([FORMAT]) + json.dumps(encode_graph(lowered.graph), separators=(",", ":")).encode()
 
 
 def load_region(data: bytes) -> fx.GraphModule:
     """The inverse of `dump_region`: the lowered region, its generated kernels rebuilt from their specs."""
     if not data or data[0] != FORMAT:
         raise ArtifactError("not a lowered-region artifact of this version")
-    buffer = io.BytesIO(data[1:])
-    graph = fx.Graph()
-    built: list[fx.Node] = []
-    while buffer.tell() < len(data) - 1:
-        op, name, target, args, kwargs = _Unpickler(buffer, built).load()
-        built.append(graph.create_node(op, target, args, kwargs, name=name))
+    try:
+        rows = json.loads(data[1:])
+    except ValueError as exc:
+        raise ArtifactError(f"a lowered-region artifact that is not JSON: {exc}") from None
+    graph = decode_graph(rows)
+    for node in graph.nodes:
+        if node.op not in ("placeholder", "call_function", "output"):
+            raise ArtifactError(f"a lowered-region artifact with a {node.op} node")
     return fx.GraphModule(torch.nn.Module(), graph, class_name="LoadedRegion")
