@@ -22,6 +22,7 @@ import functools
 import hashlib
 import linecache
 import math
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -99,6 +100,34 @@ class GroupSpec:
     outputs: tuple[int, ...]
 
 
+class Code:
+    """A fragment of NKI source the generator itself writes (`(pr, cc)`): the one kind of text `_literal` pastes.
+
+    Step constants come from FX graphs and from cache entries read back from disk, so a plain `str` among them is
+    data, never code: `_literal` refuses it, and emitters only ever compare such strings (`rounding_mode="floor"`).
+    """
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return f"Code({self.text!r})"
+
+
+TILE_SHAPE = Code("(pr, cc)")  # the shape of the tile being generated (the loop's partition and free sizes)
+_NKI_CALLABLE = re.compile(r"(nl|nisa)\.[a-z_][a-z0-9_]*\Z")
+_NKI_DTYPE_NAMES = frozenset({*NKI_DTYPES.values(), "float32"})
+
+
+def check_dtype_name(dtype: str) -> str:
+    """`dtype` if it is an NKI dtype name the generator may write (`nl.<dtype>`), else CodegenError."""
+    if dtype not in _NKI_DTYPE_NAMES:
+        raise CodegenError(f"{dtype!r} is not an NKI dtype the code generator writes")
+    return dtype
+
+
 class Tile:
     """A value in SBUF during code generation: its variable name and NKI dtype."""
 
@@ -118,43 +147,55 @@ class Emitter:
         self._count = 0
 
     def call(self, fn: str, *args: Any, dtype: str, **kwargs: Any) -> Tile:
+        if not _NKI_CALLABLE.match(fn) or not all(k.isidentifier() for k in kwargs):
+            raise CodegenError(f"{fn!r} is not an NKI function the code generator calls")
         name = f"v{self._count}"
         self._count += 1
         rendered = [_literal(a) for a in args] + [f"{k}={_literal(v)}" for k, v in kwargs.items()]
-        self.lines.append(f"{name} = {fn}({', '.join(rendered)}, dtype=nl.{dtype})")
+        self.lines.append(f"{name} = {fn}({', '.join(rendered)}, dtype=nl.{check_dtype_name(dtype)})")
         return Tile(name, dtype)
-
 
     def alloc(self, dtype: str) -> Tile:
         """A fresh SBUF tile of the current tile's shape, for ISA calls that write a `dst`."""
         name = f"v{self._count}"
         self._count += 1
-        self.lines.append(f"{name} = nl.ndarray((pr, cc), dtype=nl.{dtype}, buffer=nl.sbuf)")
+        self.lines.append(f"{name} = nl.ndarray((pr, cc), dtype=nl.{check_dtype_name(dtype)}, buffer=nl.sbuf)")
         return Tile(name, dtype)
 
-    def raw(self, line: str) -> None:
-        self.lines.append(line)
+    def raw(self, template: str, *values: Any) -> None:
+        """A line of the generator's own `template`, its `{}` fields filled with `_literal(value)` (never text)."""
+        self.lines.append(template.format(*(_literal(v) for v in values)))
 
 
 def typed_constant(value: Any, dtype: str) -> float | int:
     """A Python constant of the kind a memset of `dtype` takes (floats for float tiles, ints otherwise)."""
+    if not _is_number(value):
+        raise CodegenError(f"a fill value must be a number, got {type(value).__name__}")
     return float(value) if dtype.startswith(("float", "bfloat")) else int(value)
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (bool, int, float, np.integer, np.floating))
+
+
 def _literal(value: Any) -> str:
+    """`value` as NKI source: a tile's name, a `Code` fragment, or an exactly written number. Nothing else: a `str`
+    constant (which may come from a cache entry on disk) is data and is never pasted into source."""
     if isinstance(value, Tile):
         return value.name
-    if isinstance(value, bool):
+    if isinstance(value, Code):
+        return value.text
+    if isinstance(value, (bool, np.bool_)):
         return "1.0" if value else "0.0"
-    if isinstance(value, float):
+    if isinstance(value, (float, np.floating)):
+        value = float(value)
         # Exact, infinities and NaN included: -inf masks must stay -inf (a finite stand-in changes softmax and
         # SDPA over fully masked rows, and 0 · -inf).
         return repr(value) if math.isfinite(value) else f'float("{value}")'
-    if isinstance(value, int):
-        return repr(value)
-    if isinstance(value, str):
-        return value
-    raise CodegenError(f"cannot embed {value!r} in NKI source")
+    if isinstance(value, (int, np.integer)):
+        return repr(int(value))
+    raise CodegenError(f"cannot embed {type(value).__name__} {value!r} in NKI source (only tiles, numbers and the "
+                       "generator's own code fragments are written into a kernel)")
 
 
 # An element-wise op's emitter: (emitter, out dtype, *operands, **kwargs) -> Tile (operands: Tiles or constants).
@@ -184,6 +225,7 @@ HEADER = "import nki\nimport nki.isa as nisa\nimport nki.language as nl\n\n"
 
 def elementwise_source(spec: GroupSpec, name: str) -> str:
     """The NKI source of a fused group: `kernel(in0, ..., rows, cols) -> out0, ...` over [rows, cols] views."""
+    _check_names(name)
     params = [f"in{i}" for i in range(len(spec.inputs))]
     out_dtypes = [nki_dtype(spec.steps[i].dtype) for i in spec.outputs]
     emitter = Emitter()
@@ -230,6 +272,13 @@ def elementwise_source(spec: GroupSpec, name: str) -> str:
     lines += [f"            {line}" for line in body]
     lines.append(f"    return {', '.join(outs)}{',' if len(outs) == 1 else ''}")
     return "\n".join(lines) + "\n"
+
+
+def _check_names(name: str, *dtypes: str) -> None:
+    if not name.isidentifier():
+        raise CodegenError(f"{name!r} is not a kernel name")
+    for dtype in dtypes:
+        check_dtype_name(dtype)
 
 
 def _as_tile(emitter: Emitter, value: Any, dtype: str) -> Tile:
@@ -284,6 +333,7 @@ REDUCE_OPS = {"sum": ("nl.sum", "nl.add"), "mean": ("nl.sum", "nl.add"), "amax":
 def reduction_source(kind: str, in_dtype: str, out_dtype: str, name: str) -> str:
     """`kernel(x [rows, cols], rows, cols) -> out [rows, 1]`: reduce the free axis chunk by chunk in fp32."""
     reduce_fn, combine = REDUCE_OPS[kind]
+    _check_names(name, in_dtype, out_dtype)
     acc = "float32" if in_dtype.startswith(("float", "bfloat")) or kind in ("sum", "mean") else in_dtype
     finish = "            acc = nl.multiply(acc, 1.0 / cols, dtype=nl.float32)\n" if kind == "mean" else ""
     return (
@@ -314,6 +364,9 @@ def row_source(kind: str, dtype: str, name: str) -> str:
     `log_softmax_backward(grad, y)`:  grad - exp(y) · Σ grad
     `row_moments(x)`:                 (mean, 1/sqrt(var + eps)) per row, fp32 [rows, 1] each
     """
+    if kind not in ("row_moments", "softmax_backward", "log_softmax_backward"):
+        raise CodegenError(f"no row kernel {kind!r}")
+    _check_names(name, dtype)
     f32 = "nl.float32"
     head = [HEADER, "@nki.jit"]
     if kind == "row_moments":

@@ -5,13 +5,14 @@ On the NKI targets each op here has an *emitter* (`codegen.emits`) that writes i
 the same generator applied to a single op (what a lone call of the op runs).
 """
 
+import functools
 import math
 
 import torch
 import torch.fx as fx
 
 from neuron_dynamo.lowering import codegen
-from neuron_dynamo.lowering.codegen import Emitter, Tile, emits
+from neuron_dynamo.lowering.codegen import TILE_SHAPE, Emitter, Tile, emits
 from neuron_dynamo.lowering.registry import lowers
 
 aten = torch.ops.aten
@@ -23,6 +24,7 @@ ELEMENTWISE_OPS = (
     aten.maximum, aten.minimum, aten.clamp, aten.clamp_min, aten.clamp_max, aten.sign, aten.floor, aten.ceil,
     aten.eq, aten.ne, aten.lt, aten.le, aten.gt, aten.ge, aten.where, aten.masked_fill,
     aten.logical_not, aten.logical_and, aten.logical_or, aten.bitwise_not, aten.bitwise_and, aten.bitwise_or,
+    aten.bitwise_xor,
     # transcendental functions and activations
     aten.exp, aten.exp2, aten.expm1, aten.log, aten.log1p, aten.log2, aten.sqrt, aten.rsqrt, aten.sin, aten.cos,
     aten.tanh, aten.erf, aten.sigmoid, aten.relu, aten.gelu, aten.silu, aten.hardtanh, aten.softplus, aten.mish,
@@ -50,6 +52,15 @@ def creation(op, *args, **kwargs):
 
 
 # ------------------------------------------------------------------------------------------------ NKI emitters
+# Integers: the engines compute arithmetic in fp32 (exact for integers up to 2**24) and saturate when they convert
+# to a narrow type, while torch computes integers exactly and wraps. So an integer-valued step is only lowered when
+# it is exact: `_refuse` runs integer arithmetic whose result can reach 2**24 eagerly; the rest computes in fp32,
+# lands in an int32 tile (exact), and is wrapped into the result type with bit-vector ops (`_wrap`).
+# Comparisons, minimum/maximum and clamps of int32 tiles (int64 lives as int32 on device) would round above 2**24
+# in fp32: they compare exact 16-bit halves instead (`_order_key`).
+INT_DTYPES = ("int8", "uint8", "int16", "int32")
+
+
 def _tiles(*values):
     return [v for v in values if isinstance(v, Tile)]
 
@@ -60,35 +71,56 @@ def _binary(e: Emitter, fn: str, a, b, dt: str):
     return e.call(fn, a, b, dtype=dt)
 
 
+def _wrap(e: Emitter, a: Tile, dt: str) -> Tile:
+    """An integer-valued tile (int32, or narrower) as integer type `dt`, wrapped modulo 2**bits as torch does."""
+    if dt not in _WRAP:
+        return a if a.dtype == dt else e.call("nl.copy", a, dtype=dt)
+    mask, sign = _WRAP[dt]
+    low = e.call("nl.bitwise_and", a, mask, dtype="int32")  # the low bits, as an unsigned number (exact)
+    if sign:  # two's complement: (u ^ sign) - sign maps [0, 2·sign) onto [-sign, sign), exact in fp32
+        low = e.call("nl.subtract", e.call("nl.bitwise_xor", low, sign, dtype="int32"), sign, dtype="int32")
+    return e.call("nl.copy", low, dtype=dt)
+
+
+def _integer(e: Emitter, dt: str, fn: str, *operands):
+    """`fn(*operands)` with an integer result: in fp32 (exact: `_refuse` bounds it below 2**24), then wrapped."""
+    if dt not in INT_DTYPES:
+        return e.call(fn, *operands, dtype=dt) if len(operands) == 1 else _binary(e, fn, *operands, dt)
+    result = e.call(fn, *operands, dtype="int32") if len(operands) == 1 else _binary(e, fn, *operands, "int32")
+    return _wrap(e, result, dt)
+
+
 def _scaled(e: Emitter, b, alpha, dt: str):
     if alpha == 1:
         return b
-    return e.call("nl.multiply", b, alpha, dtype=dt) if isinstance(b, Tile) else b * alpha
+    work = "int32" if dt in INT_DTYPES else dt  # an integer b·alpha must not saturate in a narrow type
+    return e.call("nl.multiply", b, alpha, dtype=work) if isinstance(b, Tile) else b * alpha
 
 
 @emits(aten.add)
 def _add(e, dt, a, b, alpha=1):
-    return _binary(e, "nl.add", a, _scaled(e, b, alpha, dt), dt)
+    return _integer(e, dt, "nl.add", a, _scaled(e, b, alpha, dt))
 
 
 @emits(aten.sub)
 def _sub(e, dt, a, b, alpha=1):
-    return _binary(e, "nl.subtract", a, _scaled(e, b, alpha, dt), dt)
+    return _integer(e, dt, "nl.subtract", a, _scaled(e, b, alpha, dt))
 
 
 @emits(aten.rsub)
 def _rsub(e, dt, a, b, alpha=1):
-    return _binary(e, "nl.subtract", b, _scaled(e, a, alpha, dt), dt)
+    return _integer(e, dt, "nl.subtract", b, _scaled(e, a, alpha, dt))
 
 
 @emits(aten.mul)
 def _mul(e, dt, a, b):
-    return _binary(e, "nl.multiply", a, b, dt)
+    return _integer(e, dt, "nl.multiply", a, b)
 
 
 @emits(aten.div)
 def _div(e, dt, a, b, rounding_mode=None):
-    # Trainium has no divide: multiply by the reciprocal (VectorE computes it in fp32)
+    # Trainium has no divide: multiply by the reciprocal (VectorE computes it in fp32). Integer results (floor or
+    # trunc division of integers) are refused: not exact in fp32, and torch raises on an integer division by 0.
     if isinstance(b, Tile):
         quotient = _binary(e, "nl.multiply", a, e.call("nl.reciprocal", b, dtype="float32"), "float32")
     else:
@@ -102,7 +134,12 @@ def _div(e, dt, a, b, rounding_mode=None):
 
 @emits(aten.neg)
 def _neg(e, dt, a):
-    return e.call("nl.multiply", a, -1.0, dtype=dt)
+    return _integer(e, dt, "nl.multiply", a, -1.0)
+
+
+@emits(aten.abs)
+def _abs(e, dt, a):
+    return _integer(e, dt, "nl.abs", a)  # wrapped: torch's abs(-128) of int8 is -128
 
 
 def _unary(nl_name):
@@ -112,13 +149,30 @@ def _unary(nl_name):
     return emit
 
 
+def _rounding(nl_name):
+    def emit(e, dt, a):
+        if a.dtype in INT_DTYPES:  # an integer is its own floor: a copy, bit-exact (fp32 would round above 2**24)
+            return e.call("nl.copy", a, dtype=dt)
+        return e.call(f"nl.{nl_name}", a, dtype=dt)
+
+    return emit
+
+
 for _op, _name in (
-    (aten.abs, "abs"), (aten.reciprocal, "reciprocal"), (aten.sign, "sign"), (aten.floor, "floor"),
-    (aten.ceil, "ceil"), (aten.exp, "exp"), (aten.log, "log"), (aten.sqrt, "sqrt"), (aten.rsqrt, "rsqrt"),
-    (aten.sin, "sin"), (aten.cos, "cos"), (aten.tanh, "tanh"), (aten.erf, "erf"), (aten.sigmoid, "sigmoid"),
-    (aten.relu, "relu"), (aten.silu, "silu"), (aten.mish, "mish"),
+    (aten.reciprocal, "reciprocal"), (aten.sign, "sign"), (aten.exp, "exp"), (aten.log, "log"),
+    (aten.sqrt, "sqrt"), (aten.rsqrt, "rsqrt"), (aten.sin, "sin"), (aten.cos, "cos"), (aten.tanh, "tanh"),
+    (aten.erf, "erf"), (aten.sigmoid, "sigmoid"), (aten.silu, "silu"), (aten.mish, "mish"),
 ):
     emits(_op)(_unary(_name))
+emits(aten.floor)(_rounding("floor"))
+emits(aten.ceil)(_rounding("ceil"))
+
+
+@emits(aten.relu)
+def _relu(e, dt, a):
+    if dt == "int32":
+        return _extreme(e, dt, a, 0, "nl.greater")
+    return e.call("nl.relu", a, dtype=dt)
 
 
 @emits(aten.exp2)
@@ -165,29 +219,89 @@ def _pow(e, dt, a, b):
     return e.call("nl.exp", e.call("nl.multiply", logged, float(b), dtype="float32"), dtype=dt)
 
 
+def _wide_int(value) -> bool:
+    return isinstance(value, Tile) and value.dtype == "int32"
+
+
+def _all_integer(*values) -> bool:
+    return all(v.dtype in INT_DTYPES if isinstance(v, Tile) else isinstance(v, int) for v in values)
+
+
+def _halves(e: Emitter, value):
+    """An integer as (high, low) 16-bit halves, high with the sign bit flipped so that unsigned order is signed
+    order; both below 2**16, so fp32 holds them exactly (bit-vector ops on the int32 pattern)."""
+    if not isinstance(value, Tile):
+        biased = int(value) + 2**31
+        return biased >> 16, biased & 0xFFFF
+    if value.dtype != "int32":
+        value = e.call("nl.copy", value, dtype="int32")  # narrow integers convert exactly
+    high = e.call("nl.right_shift", e.call("nl.bitwise_xor", value, 2**31, dtype="int32"), 16, dtype="int32")
+    return high, e.call("nl.bitwise_and", value, 0xFFFF, dtype="int32")
+
+
+def _order_key(e: Emitter, a, b) -> Tile:
+    """A float32 tile with the sign of a - b (zero exactly when a == b) for int32 values, computed exactly.
+
+    (high_a - high_b)·2**16 + (low_a - low_b): both differences are below 2**16 and exact, the product is exact,
+    and when the high halves differ the low difference cannot outweigh or cancel it, so fp32 rounding keeps the
+    sign and the zero."""
+    (a_high, a_low), (b_high, b_low) = _halves(e, a), _halves(e, b)
+    high = _binary(e, "nl.subtract", a_high, b_high, "float32")
+    low = _binary(e, "nl.subtract", a_low, b_low, "float32")
+    return e.call("nl.add", e.call("nl.multiply", high, 65536.0, dtype="float32"), low, dtype="float32")
+
+
+def _compare(fn: str):
+    def emit(e, dt, a, b):
+        if (_wide_int(a) or _wide_int(b)) and _all_integer(a, b):
+            return e.call(fn, _order_key(e, a, b), 0.0, dtype=dt)
+        return _binary(e, fn, a, b, dt)
+
+    return emit
+
+
+def _extreme(e: Emitter, dt: str, a, b, keep_a_when: str):
+    """maximum (keep_a_when="nl.greater") or minimum ("nl.less") of int32 values: an exact comparison, then a
+    select, which copies bits."""
+    if isinstance(a, Tile):
+        condition = e.call(keep_a_when, _order_key(e, a, b), 0.0, dtype="uint8")
+        return e.call("nl.where", condition, a, b, dtype=dt)
+    condition = e.call(keep_a_when, _order_key(e, b, a), 0.0, dtype="uint8")
+    return e.call("nl.where", condition, b, a, dtype=dt)
+
+
+def _min_max(e, dt, a, b, fn, keep_a_when):
+    if dt == "int32" and _all_integer(a, b):
+        if not _tiles(a, b):
+            raise codegen.CodegenError(f"{fn} of two constants")
+        return _extreme(e, dt, a, b, keep_a_when)
+    return _binary(e, fn, a, b, dt)
+
+
 @emits(aten.maximum, aten.clamp_min)
 def _maximum(e, dt, a, b):
-    return _binary(e, "nl.maximum", a, b, dt)
+    return _min_max(e, dt, a, b, "nl.maximum", "nl.greater")
 
 
 @emits(aten.minimum, aten.clamp_max)
 def _minimum(e, dt, a, b):
-    return _binary(e, "nl.minimum", a, b, dt)
+    return _min_max(e, dt, a, b, "nl.minimum", "nl.less")
 
 
 @emits(aten.clamp, aten.hardtanh)
 def _clamp(e, dt, a, min=None, max=None):  # noqa: A002 - aten's argument names
     result = a
     if min is not None:
-        result = _binary(e, "nl.maximum", result, min, dt)
+        result = _maximum(e, dt, result, min)
     if max is not None:
-        result = _binary(e, "nl.minimum", result, max, dt)
+        result = _minimum(e, dt, result, max)
     return result if result is not a else e.call("nl.copy", a, dtype=dt)
 
 
 for _op, _name in ((aten.eq, "equal"), (aten.ne, "not_equal"), (aten.lt, "less"), (aten.le, "less_equal"),
-                   (aten.gt, "greater"), (aten.ge, "greater_equal"), (aten.logical_and, "logical_and"),
-                   (aten.logical_or, "logical_or")):
+                   (aten.gt, "greater"), (aten.ge, "greater_equal")):
+    emits(_op)(_compare(f"nl.{_name}"))
+for _op, _name in ((aten.logical_and, "logical_and"), (aten.logical_or, "logical_or")):
     emits(_op)(lambda e, dt, a, b, _fn=f"nl.{_name}": _binary(e, _fn, a, b, dt))
 
 
@@ -199,6 +313,11 @@ def _bitwise_and(e, dt, a, b):
 @emits(aten.bitwise_or)
 def _bitwise_or(e, dt, a, b):
     return _binary(e, "nl.bitwise_or", a, b, dt)
+
+
+@emits(aten.bitwise_xor)
+def _bitwise_xor(e, dt, a, b):
+    return _binary(e, "nl.bitwise_xor", a, b, dt)
 
 
 @emits(aten.logical_not)
@@ -230,21 +349,22 @@ def _copy(e, dt, a, *args, **kwargs):
         return e.call("nl.not_equal", a, 0, dtype=dt)  # any non-zero value (NaN included) is True
     if a.dtype.startswith(("float", "bfloat")) and not dt.startswith(("float", "bfloat")):
         a = e.call("nl.trunc", a, dtype="float32")  # torch truncates toward zero
+        if dt in _WRAP:
+            a = e.call("nl.copy", a, dtype="int32")  # an integer-valued float: exact in int32, then wrapped
     if dt in _WRAP and a.dtype != dt:  # torch wraps into a narrow integer type; the device would saturate
-        mask, low = _WRAP[dt]
-        a = e.call("nl.bitwise_and", e.call("nl.add", a, -low, dtype="int32"), mask, dtype="int32")
-        a = e.call("nl.add", a, low, dtype="int32")
+        return _wrap(e, a, dt)
     return e.call("nl.copy", a, dtype=dt)
 
 
-_WRAP = {"uint8": (0xFF, 0), "int8": (0xFF, -(2**7)), "int16": (0xFFFF, -(2**15))}  # mask, lowest value
+# narrow integer type → (mask of its bits, its sign bit or 0 when unsigned), for `_wrap`
+_WRAP = {"uint8": (0xFF, 0), "int8": (0xFF, 2**7), "int16": (0xFFFF, 2**15)}
 
 
 @emits(aten.copy, aten.copy_)
 def _copy_into(e, dt, dst, src, non_blocking=False):
     if isinstance(src, Tile):
         return e.call("nl.copy", src, dtype=dt)
-    return e.call("nl.full", "(pr, cc)", codegen.typed_constant(src, dt), dtype=dt)
+    return e.call("nl.full", TILE_SHAPE, codegen.typed_constant(src, dt), dtype=dt)
 
 
 @emits(aten.threshold_backward)
@@ -300,15 +420,17 @@ def _softplus(e, dt, a, beta=1, threshold=20):
 def _fill(e, dt, value):
     if isinstance(value, Tile):  # fill.Tensor: a 0-d tensor broadcast over the tile
         return e.call("nl.copy", value, dtype=dt)
-    return e.call("nl.full", "(pr, cc)", codegen.typed_constant(value, dt), dtype=dt)
+    return e.call("nl.full", TILE_SHAPE, codegen.typed_constant(value, dt), dtype=dt)
 
 
 @emits(aten.arange)
 def _arange(e, dt, start, step):
     # element (r0 + p, c0 + c) of the [rows, cols] view is number (r0 + p)·cols + c0 + c of the range
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (start, step)):
+        raise codegen.CodegenError(f"arange start and step must be integers, got {start!r} and {step!r}")
     name = e.alloc("int32")
-    e.raw(f"nisa.iota({name}, [[{step}, cc]], offset={start} + (r0 * cols + c0) * {step}, "
-          f"channel_multiplier=cols * {step})")
+    e.raw("nisa.iota({}, [[{}, cc]], offset={} + (r0 * cols + c0) * {}, channel_multiplier=cols * {})",
+          name, step, start, step, step)
     return e.call("nl.copy", name, dtype=dt)
 
 
@@ -355,6 +477,113 @@ def _refuse(node: fx.Node) -> str | None:
         return "a broadcasting copy"
     if packet in (aten._to_copy, prims.convert_element_type) and value.dtype == torch.int64 and _is_float(node.args[0]):
         return "a float → int64 cast (int64 lives as int32 on the device: values beyond it would saturate)"
+    return _integer_refusal(node, packet, value.dtype)
+
+
+# The largest magnitude a value of each integer dtype can have (int64: the device's int32 cannot hold it all).
+INT_MAGNITUDE = {torch.bool: 1, torch.uint8: 255, torch.int8: 2**7, torch.int16: 2**15, torch.int32: 2**31,
+                  torch.int64: 2**63}
+_WRAPPED_BY_TORCH = (torch.int8, torch.uint8, torch.int16)  # (wider constants are refused as beyond int32)
+FP32_EXACT = 2**24  # every integer of magnitude up to 2**24 is an fp32 value: integer arithmetic below is exact
+_INT_ARITHMETIC = (aten.add, aten.sub, aten.rsub, aten.mul, aten.neg, aten.abs)
+_INEXACT = ("the NKI engines compute in fp32, so it would round above 2**24 and saturate where torch wraps")
+
+
+def magnitude(arg, depth: int = 0) -> float:
+    """An upper bound on the magnitude of `arg` (a node or a constant): what the graph proves, else its dtype's.
+
+    A small value-range analysis: graph inputs can hold anything their dtype holds, but `arange(12) + 0` (position
+    ids), a `full` value, a sum of bools, a select between bounded values are bounded, and arithmetic on them is
+    exact in fp32 while the bound stays below 2**24."""
+    if not isinstance(arg, fx.Node):
+        return abs(arg) if isinstance(arg, (int, float)) else math.inf
+    value = arg.meta.get("val")
+    if not isinstance(value, torch.Tensor) or value.dtype.is_floating_point or value.dtype.is_complex:
+        return math.inf
+    limit = INT_MAGNITUDE.get(value.dtype, math.inf)
+    if depth > _MAX_DEPTH or arg.op != "call_function" or not hasattr(arg.target, "overloadpacket"):
+        return limit
+    return min(limit, _derived_magnitude(arg, arg.target.overloadpacket, depth + 1))
+
+
+_MAX_DEPTH = 24
+_SAME_VALUES = (  # ops whose result holds (some of) the values of their first argument
+    aten.view, aten._unsafe_view, aten.reshape, aten.expand, aten.slice, aten.select, aten.narrow, aten.unsqueeze,
+    aten.squeeze, aten.transpose, aten.t, aten.permute, aten.alias, aten.detach, aten.clone, aten.lift_fresh_copy,
+    aten._to_copy, prims.convert_element_type, aten.repeat, aten.flatten, aten.contiguous,
+)
+
+
+def _derived_magnitude(node: fx.Node, packet, depth: int) -> float:
+    args = node.args
+    bound = functools.partial(magnitude, depth=depth)
+    if packet in CREATION_OPS:
+        values = fill_value(node.target, args, node.kwargs)
+        return max((abs(v) if isinstance(v, (int, float)) else math.inf for v in values), default=math.inf) if (
+            packet is not aten.arange) else max((abs(a) for a in args if isinstance(a, (int, float))), default=math.inf)
+    if packet in _SAME_VALUES:
+        return bound(args[0])
+    if packet in (aten.neg, aten.abs):
+        return bound(args[0])
+    if packet is aten.mul:
+        return bound(args[0]) * bound(args[1])
+    if packet in (aten.add, aten.sub, aten.rsub):
+        alpha = node.kwargs.get("alpha", args[2] if len(args) > 2 else 1)
+        return bound(args[0]) + bound(args[1]) * abs(alpha)
+    if packet in (aten.maximum, aten.minimum, aten.clamp_min, aten.clamp_max):
+        return max(bound(args[0]), bound(args[1]))
+    if packet is aten.clamp:
+        low = args[1] if len(args) > 1 else node.kwargs.get("min")
+        high = args[2] if len(args) > 2 else node.kwargs.get("max")
+        if low is not None and high is not None:
+            return max(bound(low), bound(high))
+        return max(bound(args[0]), *(bound(v) for v in (low, high) if v is not None))
+    if packet is aten.where:
+        return max(bound(args[1]), bound(args[2]))
+    if packet is aten.masked_fill:
+        return max(bound(args[0]), bound(args[2]))
+    if packet in (aten.sum, aten.cumsum):
+        source = args[0].meta["val"]
+        count = source.numel() if packet is aten.sum else (source.shape[args[1]] if source.dim() else 1)
+        try:
+            return int(count) * bound(args[0])
+        except (TypeError, ValueError, RuntimeError):  # a symbolic size
+            return math.inf
+    return math.inf
+
+
+_COMPARISONS = (aten.eq, aten.ne, aten.lt, aten.le, aten.gt, aten.ge)
+
+
+def _integer_refusal(node: fx.Node, packet, dtype: torch.dtype) -> str | None:
+    """Integer-valued arithmetic runs eagerly unless its result is provably below 2**24 (then fp32 is exact and
+    `_wrap` gives torch's wrap-around); comparisons, selects, bit ops and casts are exact at any value."""
+    if packet in _COMPARISONS and isinstance(node.args[0], fx.Node) and len(node.args) > 1:
+        source, constant = node.args[0].meta["val"].dtype, node.args[1]
+        if isinstance(constant, int) and not isinstance(constant, bool) and source in _WRAPPED_BY_TORCH and not (
+                torch.iinfo(source).min <= constant <= torch.iinfo(source).max):
+            return (f"a comparison of {source} with {constant}, beyond its range: torch converts the constant to "
+                    f"{source} first (it wraps)")
+    if dtype.is_floating_point or dtype is torch.bool:
+        return None
+    name = str(dtype).removeprefix("torch.")
+    if packet is aten.div:
+        return (f"{name} division ({node.kwargs.get('rounding_mode')} rounding): {_INEXACT}, and torch raises on "
+                "an integer division by zero")
+    if packet is aten.pow:
+        return f"an {name} power: {_INEXACT}"
+    if packet not in _INT_ARITHMETIC:
+        return None
+    args = list(node.args)
+    if packet in (aten.neg, aten.abs):
+        bound = magnitude(args[0])
+    elif packet is aten.mul:
+        bound = magnitude(args[0]) * magnitude(args[1])
+    else:
+        alpha = node.kwargs.get("alpha", args[2] if len(args) > 2 else 1)
+        bound = magnitude(args[0]) + magnitude(args[1]) * abs(alpha)
+    if bound >= FP32_EXACT:
+        return f"{name} arithmetic ({packet.__name__}) whose result can reach 2**24: {_INEXACT}"
     return None
 
 
@@ -363,7 +592,8 @@ def _is_float(arg) -> bool:
     return isinstance(value, torch.Tensor) and value.dtype.is_floating_point
 
 
-@lowers(*ELEMENTWISE_OPS, family="elementwise", target="simulator", accepts=_refuse)
+# A fused kernel of an empty shape returns empty tensors without running (`FusedKernel.__call__`).
+@lowers(*ELEMENTWISE_OPS, family="elementwise", target="simulator", accepts=_refuse, handles_empty=True)
 def elementwise_nki(op, *args, **kwargs):
     """One element-wise op as a generated NKI kernel (`lower_region` fuses chains of them into one)."""
     from neuron_dynamo.lowering.fusion import run_single
@@ -371,7 +601,7 @@ def elementwise_nki(op, *args, **kwargs):
     return run_single(op, args, kwargs)
 
 
-@lowers(*CREATION_OPS, family="creation", target="simulator", accepts=_refuse)
+@lowers(*CREATION_OPS, family="creation", target="simulator", accepts=_refuse, handles_empty=True)
 def creation_nki(op, *args, **kwargs):
     """A creation op as a generated NKI kernel: memset (or iota) tiles stored to HBM."""
     from neuron_dynamo.lowering.fusion import run_single

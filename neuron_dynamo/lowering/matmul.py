@@ -22,7 +22,7 @@ def matmul(op, *args, **kwargs):
     return op(*args, **kwargs)
 
 
-@lowers(aten.t, aten.permute, family="matmul", target="simulator")
+@lowers(aten.t, aten.permute, family="matmul", target="simulator", handles_empty=True)
 def transpose_view(op, *args, **kwargs):
     """A transpose or permute is the access pattern of the consuming kernel: the strided view, no data moved."""
     return op(*args, **kwargs)

@@ -6,10 +6,12 @@ bias gradients of a backward graph: a sum over batch and sequence), the data is 
 transpose kernel first, so every partition works.
 """
 
+import math
+
 import torch
 import torch.fx as fx
 
-from neuron_dynamo.lowering import codegen
+from neuron_dynamo.lowering import codegen, elementwise
 from neuron_dynamo.lowering.registry import lowers
 from neuron_dynamo.toolchain.simulator import launch
 
@@ -44,10 +46,40 @@ def _refusal(node: fx.Node) -> str | None:
         return f"a reduction over {source.dtype}"
     if len(node.args) > 1 and isinstance(node.args[1], fx.Node):
         return "reduction dims given by a tensor"
+    return _integer_refusal(node, source)
+
+
+def _static_int(value) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError, RuntimeError):  # a symbolic size: no bound is known
+        return None
+
+
+def _integer_refusal(node: fx.Node, source: torch.Tensor) -> str | None:
+    """The kernels reduce in fp32 (VectorE): exact for integers while every partial sum stays below 2**24, and for
+    a max/min of integers fp32 holds exactly (int8/uint8/int16, not int32/int64)."""
+    if source.dtype.is_floating_point:
+        return None
+    packet = node.target.overloadpacket
+    name = str(source.dtype).removeprefix("torch.")
+    magnitude = elementwise.magnitude(node.args[0])  # what the graph proves about its values, else the dtype's
+    if packet in (aten.amax, aten.amin):
+        if magnitude > elementwise.FP32_EXACT:
+            return f"a {packet.__name__} of {name}: the engines compare in fp32, which rounds above 2**24"
+        return None
+    value = node.meta["val"]
+    if not value.dtype.is_floating_point:  # an integer sum: exact only while it cannot reach 2**24
+        count = _static_int(source.numel()) if not source.dim() else _static_int(
+            math.prod(source.shape[d] for d in _dims(source, node.args[1] if len(node.args) > 1 else None)))
+        if count is None or count * magnitude >= elementwise.FP32_EXACT:
+            return (f"an integer sum of {name} that can reach 2**24: the engines add in fp32, which would round "
+                    "(torch adds integers exactly)")
     return None
 
 
-@lowers(aten.sum, aten.mean, aten.amax, aten.amin, family="reduction", target="simulator", accepts=_refusal)
+@lowers(aten.sum, aten.mean, aten.amax, aten.amin, family="reduction", target="simulator", accepts=_refusal,
+        handles_empty=True)
 def reduce(op, x, dims=None, keepdim=False, dtype=None):
     """One generated reduction kernel over [kept, reduced]; the result takes the graph's shape and dtype."""
     packet = op.overloadpacket
@@ -103,11 +135,18 @@ def variance(op, x, dims=None, correction=None, keepdim=False, **kwargs):
 
 
 def _cumsum_refusal(node: fx.Node) -> str | None:
-    value = node.meta.get("val")
+    value, source = node.meta.get("val"), node.args[0].meta["val"]
     if value.dtype not in (torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.int32):
         return f"a cumsum into {value.dtype}"
-    if node.args[0].meta["val"].shape[node.args[1]] > 4096:
+    length = _static_int(source.shape[node.args[1]]) if source.dim() else 1
+    if length is None or length > 4096:
         return "a cumsum over more than 4096 elements"
+    if not value.dtype.is_floating_point:
+        magnitude = elementwise.magnitude(node.args[0])
+        if length * magnitude >= elementwise.FP32_EXACT:
+            name = str(source.dtype).removeprefix("torch.")
+            return (f"an integer cumsum of {name} that can reach 2**24: TensorE accumulates in fp32, which would "
+                    "round (torch adds integers exactly)")
     return None
 
 
@@ -115,7 +154,8 @@ def _cumsum_refusal(node: fx.Node) -> str | None:
 def cumsum(op, x, dim, dtype=None):
     """Prefix sums as a matmul with an upper-triangular ones matrix on TensorE (fp32 accumulation in PSUM).
 
-    Integer sums are exact while they stay below 2²⁴ (fp32's integer range); larger ones raise rather than round.
+    Integer sums are exact while they stay below 2²⁴ (fp32's integer range): `_cumsum_refusal` runs the others
+    eagerly, and a sum that reaches it anyway raises rather than rounds.
     """
     from neuron_dynamo.lowering.fusion import run_traced
 

@@ -36,13 +36,18 @@ class Kernel:
 
     def __init__(
         self, op: OpKey, family: str, target: str, implementation: Callable[..., Any],
-        accepts: Callable[[Any], str | None] | None = None,
+        accepts: Callable[[Any], str | None] | None = None, handles_empty: bool | None = None,
     ) -> None:
         self.op = op
         self.family = family
         self.target = target
         self.implementation = implementation
         self.accepts = accepts
+        # Whether the kernel is exact on tensors with no elements; by default only the reference kernels (torch)
+        # are: NKI kernels need at least one element per dim, so a node with an empty tensor runs eagerly.
+        if handles_empty is None:
+            handles_empty = target == "reference" or family in EMPTY_SAFE_FAMILIES
+        self.handles_empty = handles_empty
         self.__name__ = f"{target}_{op_name(op).replace('.', '_')}"
         self.__module__ = implementation.__module__
 
@@ -53,14 +58,43 @@ class Kernel:
         """This kernel bound to one overload of its packet, so it runs exactly the op the graph recorded."""
         if overload is self.op:
             return self
-        return Kernel(overload, self.family, self.target, self.implementation, self.accepts)
+        return Kernel(overload, self.family, self.target, self.implementation, self.accepts, self.handles_empty)
 
     def refusal(self, node: Any) -> str | None:
         """None if this kernel can take the FX `node` (its args, shapes, dtypes), else the reason it cannot."""
+        if not self.handles_empty and has_empty_tensor(node):
+            return EMPTY_TENSOR
         return None if self.accepts is None else self.accepts(node)
 
     def __repr__(self) -> str:
         return f"Kernel({op_name(self.op)}, family={self.family!r}, target={self.target!r})"
+
+
+# Families whose NKI kernels are exact on empty tensors: views are access patterns, and cat, padding and the
+# scatters copy nothing. (The embedding DMA kernel behind embedding, gather and index needs a non-empty shape:
+# those say `handles_empty=False`; tests/lowering/test_integers.py runs each on empties.)
+EMPTY_SAFE_FAMILIES = frozenset({"views"})
+EMPTY_TENSOR = "an empty tensor (a dim of size 0): nothing to compute, and the kernel needs at least one element"
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors(v)]
+    return []
+
+
+def has_empty_tensor(node: Any) -> bool:
+    """Whether the FX `node` reads or produces a tensor with no elements (a 0-dim tensor has one element)."""
+    values = [node.meta.get("val"), *(arg.meta.get("val") for arg in getattr(node, "all_input_nodes", ()))]
+    for tensor in _tensors(values):
+        try:
+            if int(tensor.numel()) == 0:
+                return True
+        except (TypeError, ValueError, RuntimeError):  # a symbolic size: not known to be empty
+            continue
+    return False
 
 
 @dataclasses.dataclass
@@ -85,12 +119,15 @@ def op_name(op: Any) -> str:
 
 
 def lowers(
-    *ops: OpKey, family: str, target: str = "reference", accepts: Callable[[Any], str | None] | None = None
+    *ops: OpKey, family: str, target: str = "reference", accepts: Callable[[Any], str | None] | None = None,
+    handles_empty: bool | None = None,
 ) -> Callable[[Callable], Callable]:
     """Register the decorated `implementation(op, *args, **kwargs)` as the `target` kernel of every op in `ops`.
 
     `accepts(node) -> None | reason` lets a kernel refuse particular calls of its op (a layout or an argument its
     NKI implementation does not handle); the partitioner then runs that node eagerly with the reason.
+    A node reading or producing an empty tensor is refused the same way (`EMPTY_TENSOR`) unless `handles_empty`
+    (default: only for the reference target, whose kernels are torch itself).
     """
 
     def register(implementation: Callable[..., Any]) -> Callable[..., Any]:
@@ -102,7 +139,7 @@ def lowers(
                 raise RegistryError(f"{op_name(op)} already has a {target!r} lowering ({lowering.kernels[target]!r})")
             if lowering.family != family:
                 raise RegistryError(f"{op_name(op)} is in family {lowering.family!r}, not {family!r}")
-            lowering.kernels[target] = Kernel(op, family, target, implementation, accepts)
+            lowering.kernels[target] = Kernel(op, family, target, implementation, accepts, handles_empty)
         return implementation
 
     return register

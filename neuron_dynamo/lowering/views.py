@@ -96,7 +96,7 @@ def _embedding_refusal(node: fx.Node) -> str | None:
     return None
 
 
-@lowers(aten.embedding, family="views", target="simulator", accepts=_embedding_refusal)
+@lowers(aten.embedding, family="views", target="simulator", accepts=_embedding_refusal, handles_empty=False)
 def embedding(op, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
     """The library's indirect-DMA gather (`kernels.embedding`); indices narrow to int32 on the way in."""
     from neuron_dynamo.kernels.embedding import embedding_kernel
