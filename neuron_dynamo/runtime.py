@@ -110,6 +110,8 @@ class EagerFallback:
     the padding proof, cache keys, lowering, a kernel at run time) is logged once, counted, reported through
     `on_failure(reason, inputs)`, and from then on that graph runs eagerly. `passthrough` errors are the ones the
     user asked for (bad options, sizes beyond max_bucket, fallback="error"), and with `strict` every error is raised.
+    An error that the eager graph raises as well (an integer division by zero in the inputs) is the inputs' fault,
+    not the backend's: it reaches the user as eager's error, and the compiled graph stays in use.
     """
 
     def __init__(
@@ -136,10 +138,13 @@ class EagerFallback:
             except Exception as exc:
                 if self.strict:
                     raise
+                result = self.graph(*inputs)  # eager raising too: the inputs' error (x // 0), not the backend's
                 self.failure = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
                 log.warning("%s: the backend failed, running this graph eagerly from now on: %s", self.name,
                             self.failure, exc_info=log.isEnabledFor(logging.DEBUG))
                 counters.bump("graphs_failed")
                 self.on_failure(self.failure, inputs)
+                counters.bump("calls_eager")
+                return result
         counters.bump("calls_eager")
         return self.graph(*inputs)

@@ -23,7 +23,8 @@ Rules, over a padded dim (`mask` = the analysis inserts `masked_fill(pad region,
 | op family | rule |
 |---|---|
 | element-wise (`Tag.pointwise`), casts | safe. Pad kind computed exactly when every padded operand holds a constant |
-|   | (0, -inf); else int/bool results FINITE, 0 * finite = 0, bounded ops (tanh, relu) keep FINITE, others UNKNOWN |
+|   | (0, -inf); else int/bool results FINITE, 0 * finite = 0, bounded ops (tanh, relu) keep FINITE, others UNKNOWN; |
+|   | an integer `//`, `%`, fmod, div(rounding_mode) masks the divisor's pad to 1 (eager raises on 0) |
 | view, reshape, (un)squeeze | safe while the padded dim stays a dim; a merge with other dims is followed as a |
 |   | *merged* dim (padding interleaved), which only element-wise ops, matmul, reductions, softmax, norms |
 |   | and scatters may consume; a split must cut at factor boundaries |
@@ -641,6 +642,10 @@ class _Analysis:
         exprs = _exprs(node)
         if exprs is None:
             return self._unpadded_outputs(node)
+        divisor = node.args[1] if len(node.args) > 1 else None
+        if _op_name(node.target) in _INTEGER_DIVISIONS and isinstance(divisor, fx.Node) and not _is_float(node):
+            self.mask_padded(node, divisor, 1, "an integer division by a padded divisor: pad set to 1 (eager raises "
+                                               "on a division by 0)")
         operands = [a for a in node.all_input_nodes if isinstance(a, fx.Node) and _exprs(a) is not None]
         rank = len(exprs)
         name = _op_name(node.target)
@@ -702,6 +707,14 @@ class _Analysis:
             if dims and dims[d % len(dims)] is not None:
                 self.refuse(node, f"{what} mixes positions along padded dim {d}")
         return self._unpadded_outputs(node)
+
+
+_INTEGER_DIVISIONS = ("aten.div", "aten.floor_divide", "aten.remainder", "aten.fmod")
+
+
+def _is_float(node: fx.Node) -> bool:
+    dtype = _dtype(node)
+    return dtype is not None and (dtype.is_floating_point or dtype.is_complex)
 
 
 @_rule(aten._to_copy, aten.clone, aten.alias, aten.detach, aten.lift_fresh_copy, aten.contiguous, aten.to,

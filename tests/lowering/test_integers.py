@@ -140,16 +140,32 @@ def test_integer_division_runs_eagerly_with_a_reason(dtype):
     assert report.totals()["fallback_ops"] == 3 and neuron_dynamo.stats().get("graphs_failed", 0) == 0
 
 
-@pytest.mark.xfail(strict=True, reason="padding proof (passes/padding.py) lets an integer division run over the "
-                   "zeros that pad a bucketed divisor: the eager op raises ZeroDivisionError and the graph fails")
-def test_integer_division_on_a_bucketed_size_does_not_fail_the_graph():
-    fn = lambda a, b: a // b  # noqa: E731
+@pytest.mark.parametrize("fn", [
+    lambda a, b: a // b, lambda a, b: a % b, lambda a, b: torch.fmod(a, b),
+    lambda a, b: torch.div(a, b, rounding_mode="trunc"), lambda a, b: torch.div(a, b, rounding_mode="floor"),
+], ids=["floordiv", "remainder", "fmod", "trunc", "floor"])
+def test_integer_division_by_a_bucketed_divisor_does_not_fail_the_graph(fn):
+    """Bucketing pads the divisor with zeros: the padding proof sets its pad to 1 first (eager raises on 0)."""
     neuron_dynamo.reset_stats()
     compiled = _compiled(fn)
-    for n in (5, 7):
-        x, y = torch.arange(n) + 10, torch.arange(n) + 1
+    for n in (5, 7, 37):
+        x, y = torch.arange(n) - 10, torch.arange(n) + 1
         torch.testing.assert_close(compiled(x, y), fn(x, y), rtol=0, atol=0)
-    assert neuron_dynamo.stats().get("graphs_failed", 0) == 0
+    stats = neuron_dynamo.stats()
+    assert stats.get("graphs_failed", 0) == 0 and stats.get("calls_eager", 0) == 0, stats
+
+
+def test_a_division_by_zero_in_the_inputs_raises_as_in_eager_and_the_graph_stays_compiled(caplog):
+    fn = lambda a, b: a // b  # noqa: E731
+    compiled = _compiled(fn)
+    x = torch.arange(5)
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        fn(x, torch.zeros(5, dtype=torch.int64))
+    neuron_dynamo.reset_stats()
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        compiled(x, torch.zeros(5, dtype=torch.int64))
+    torch.testing.assert_close(compiled(x, x + 1), fn(x, x + 1), rtol=0, atol=0)
+    assert neuron_dynamo.stats().get("graphs_failed", 0) == 0 and "backend failed" not in caplog.text
 
 
 def test_integer_true_division_is_float_and_lowered():
