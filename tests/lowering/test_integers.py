@@ -353,3 +353,12 @@ def test_a_string_constant_in_a_fused_group_spec_is_refused():
         (0,))
     with pytest.raises(CodegenError):
         codegen.elementwise_source(spec, "kernel")
+
+
+def test_an_int64_input_beyond_int32_runs_the_graph_eagerly_never_wrong():
+    """int64 lives as int32 on device: a value beyond it cannot be stored, so the graph runs eagerly (a warning)."""
+    fn = lambda x, y: torch.where(x > 5, y, y * 2)  # noqa: E731
+    neuron_dynamo.reset_stats()
+    x, y = torch.tensor([2**40, 3, 7]), torch.randn(3)
+    torch.testing.assert_close(_compiled(fn)(x, y), fn(x, y))
+    assert neuron_dynamo.stats()["graphs_failed"] == 1
