@@ -247,12 +247,16 @@ class BucketedGraph:
 
     def _inputs(self, args: Sequence, real: Mapping, sizes: Mapping, padded: bool) -> list:
         program_inputs = []
-        for arg, value in zip(args, self._values, strict=False):
+        layouts = self.proof.input_factors if padded else []
+        for position, (arg, value) in enumerate(zip(args, self._values, strict=False)):
             if not isinstance(value, torch.Tensor):
                 continue
             target = [evaluate(s.node.expr, sizes) if isinstance(s, torch.SymInt) else int(s) for s in value.shape]
             if any(isinstance(s, torch.SymInt) for s in value.shape):
                 self._count_elements(_numel(target), arg.numel())
+            layout = layouts[position] if position < len(layouts) else None
+            if layout and any(layout):
+                arg = _pad_merged(arg, layout, real, sizes)
             if list(arg.shape) != target:
                 arg = _pad_to(arg, target)
             program_inputs.append(arg)
@@ -299,6 +303,19 @@ def _pad_to(tensor: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
     for have, want in zip(reversed(tensor.shape), reversed(shape), strict=True):
         widths += [0, want - have]
     return torch.nn.functional.pad(tensor, widths)
+
+
+def _pad_merged(tensor: torch.Tensor, layout: Sequence, real: Mapping, sizes: Mapping) -> torch.Tensor:
+    """`tensor` with each merged dim padded factor by factor (the inverse of `_slice_to`'s cut): `[2·L]` as `[2, L]`
+    padded to `[2, bucket]`, flattened back."""
+    for dim, parts in enumerate(layout):
+        if parts is None:
+            continue
+        shape = list(tensor.shape)
+        split = tensor.reshape(shape[:dim] + [evaluate(p, real) for p in parts] + shape[dim + 1:])
+        split = _pad_to(split, shape[:dim] + [evaluate(p, sizes) for p in parts] + shape[dim + 1:])
+        tensor = split.reshape(shape[:dim] + [-1] + shape[dim + 1:])
+    return tensor
 
 
 def _slice_to(result: torch.Tensor, value: torch.Tensor, real: Mapping, sizes: Mapping, layout) -> torch.Tensor:

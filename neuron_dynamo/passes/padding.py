@@ -22,6 +22,8 @@ Rules, over a padded dim (`mask` = the analysis inserts `masked_fill(pad region,
 
 | op family | rule |
 |---|---|
+| graph inputs | padded with 0 at the tail of each dynamic dim; when that is refused, a dim sized `c·s` (a flattened |
+|   | `[c, s]`: a saved activation in a backward graph) is padded as `[c, s]` (merged), and the proof runs again |
 | element-wise (`Tag.pointwise`), casts | safe. Pad kind computed exactly when every padded operand holds a constant |
 |   | (0, -inf); else int/bool results FINITE, 0 * finite = 0, bounded ops (tanh, relu) keep FINITE, others UNKNOWN; |
 |   | an integer `//`, `%`, fmod, div(rounding_mode) masks the divisor's pad to 1 (eager raises on 0) |
@@ -29,8 +31,10 @@ Rules, over a padded dim (`mask` = the analysis inserts `masked_fill(pad region,
 |   | *merged* dim (padding interleaved), which only element-wise ops, matmul, reductions, softmax, norms |
 |   | and scatters may consume; a split must cut at factor boundaries |
 | permute, transpose, expand | dims follow; a broadcast to a padded size fills the pad with real data (UNKNOWN) |
-| slice, narrow, select | constant start >= 0: safe. Start counted from the end (`x[:, -1]`): refuse |
+| slice, narrow, select | constant start >= 0: safe. Start counted from the end (`x[:, -1]`): refuse. A start, |
+|   | index or (unpadded) end computed from a dynamic size (`table[x.shape[1] - 1]`), of any tensor: refuse |
 | cat / split, unbind | along unpadded dims safe; along a padded dim only the last operand may be padded / refuse |
+| stack | safe: the new dim is unpadded, the others keep the operands' pads (mixed kinds: UNKNOWN) |
 | constant_pad_nd | right padding of a padded dim: the fill is moved to the real end (mask) |
 | mm, bmm, addmm, baddbmm, mv, dot | contraction safe when one operand's pad is ZERO and the other's ZERO or FINITE; |
 |   | else mask operands to 0 |
@@ -154,6 +158,8 @@ class PaddingProof:
     masks: list[str] = dataclasses.field(default_factory=list)
     # Per graph output: per dim, the factors of a merged padded dim (None for a plain dim); None for non-tensors.
     output_factors: list[list[tuple[sympy.Expr, ...] | None] | None] = dataclasses.field(default_factory=list)
+    # The same per graph input (placeholder): how the caller pads it (a merged dim is padded factor by factor).
+    input_factors: list[list[tuple[sympy.Expr, ...] | None] | None] = dataclasses.field(default_factory=list)
 
 
 Rule = Callable[["_Analysis", fx.Node], object]
@@ -176,8 +182,19 @@ def prove_padding(gm: fx.GraphModule, symbols: Sequence[sympy.Symbol]) -> Paddin
     and `make_fx(tracing_mode="symbolic")` produce). `gm` itself is not modified.
     """
     symbols = tuple(symbols)
+    proof = _prove(gm, symbols, merged_inputs=False)
+    if not proof.safe and _has_product_input(gm, set(symbols)):
+        # An input dim sized `2*s` is the merge of [2, s] (a saved activation, flattened): padded as such, it lines
+        # up with the views of the graph that merge [2, s] the same way.
+        merged = _prove(gm, symbols, merged_inputs=True)
+        if merged.safe:
+            return merged
+    return proof
+
+
+def _prove(gm: fx.GraphModule, symbols: tuple[sympy.Symbol, ...], merged_inputs: bool) -> PaddingProof:
     # A new graph over the same module: its constants may be fake or meta tensors, which cannot be deep-copied.
-    analysis = _Analysis(fx.GraphModule(gm, copy.deepcopy(gm.graph)), symbols)
+    analysis = _Analysis(fx.GraphModule(gm, copy.deepcopy(gm.graph)), symbols, merged_inputs)
     try:
         analysis.run()
     except PaddingRefused as refusal:
@@ -188,8 +205,36 @@ def prove_padding(gm: fx.GraphModule, symbols: Sequence[sympy.Symbol]) -> Paddin
         reason = f"analysis error ({type(error).__name__}: {error})"
         return PaddingProof(safe=False, graph=None, symbols=symbols, reason=reason)
     return PaddingProof(
-        safe=True, graph=analysis.gm, symbols=symbols, masks=analysis.masks, output_factors=analysis.output_factors
+        safe=True, graph=analysis.gm, symbols=symbols, masks=analysis.masks, output_factors=analysis.output_factors,
+        input_factors=analysis.input_factors,
     )
+
+
+def merged_factors(expr: sympy.Expr, symbols: Sequence[sympy.Symbol]) -> tuple[sympy.Expr, ...] | None:
+    """The factors of a product size `2*s` (constants outermost, then symbols in `symbols` order), or None."""
+    expr = sympy.sympify(expr)
+    if not isinstance(expr, sympy.Mul) or not expr.free_symbols & set(symbols):
+        return None
+    if not all(arg.is_Integer or arg.is_Symbol for arg in expr.args):
+        return None
+    order = {symbol: i for i, symbol in enumerate(symbols)}
+    return tuple(sorted(expr.args, key=lambda arg: (not arg.is_Integer, order.get(arg, len(order)), str(arg))))
+
+
+def _outer_first(gm: fx.GraphModule, symbols: Sequence[sympy.Symbol]) -> list[sympy.Symbol]:
+    """`symbols` in the order their dims nest in the inputs: the batch symbol (a dim 0) before the length (dim 1)."""
+    first_dim: dict[sympy.Symbol, int] = {}
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            for d, expr in enumerate(_exprs(node) or ()):
+                if expr in symbols:
+                    first_dim[expr] = min(first_dim.get(expr, d), d)
+    return sorted(symbols, key=lambda symbol: (first_dim.get(symbol, len(first_dim) + 99), str(symbol)))
+
+
+def _has_product_input(gm: fx.GraphModule, symbols: set) -> bool:
+    return any(merged_factors(e, list(symbols)) for n in gm.graph.nodes if n.op == "placeholder"
+               for e in (_exprs(n) or ()))
 
 
 def graph_outputs(output: fx.Node) -> list:
@@ -274,8 +319,10 @@ def _tensor_overload(target: torch._ops.OpOverload, argument_type: str) -> torch
 
 
 class _Analysis:
-    def __init__(self, gm: fx.GraphModule, symbols: tuple[sympy.Symbol, ...]) -> None:
+    def __init__(self, gm: fx.GraphModule, symbols: tuple[sympy.Symbol, ...], merged_inputs: bool = False) -> None:
         self.gm = gm
+        self.merged_inputs = merged_inputs
+        self.input_factors: list = []
         self.graph = gm.graph
         self.symbols = symbols
         self.symbol_set = set(symbols)
@@ -327,12 +374,20 @@ class _Analysis:
     def _input_state(self, node: fx.Node):
         value = node.meta.get("val")
         if isinstance(value, (torch.SymInt, torch.SymFloat)):
+            self.input_factors.append(None)
             expr = value.node.expr
             return SymValue(expr, bool(expr.free_symbols & self.symbol_set))
         exprs = _exprs(node)
         if exprs is None:
+            self.input_factors.append(None)
             return None
-        return self._fresh(exprs, Pad.ZERO)
+        state = self._fresh(exprs, Pad.ZERO)
+        if self.merged_inputs:
+            order = _outer_first(self.gm, self.symbols)
+            state = TensorPad(tuple(dataclasses.replace(d, parts=merged_factors(d.expr, order))
+                                    if d is not None else None for d in state.dims), state.bound)
+        self.input_factors.append([d.parts if d is not None else None for d in state.dims])
+        return state
 
     def _call(self, node: fx.Node):
         target = node.target
@@ -878,6 +933,9 @@ def _slice(self: _Analysis, node: fx.Node):
         start, step = args["start"], 1
     else:
         start, step = args.get("start"), args.get("step", 1)
+        if not self.is_padded(dst[dim]):  # an end that depends on a size must be where a padded dim ends
+            _const_int(self, node, args.get("end"), "the slice end")
+    start = _const_int(self, node, start, "the slice start")  # a position computed from a size: refused
     if padded_src or self.is_padded(dst[dim]):
         start = _const_int(self, node, start, "the slice start") or 0
         step = _const_int(self, node, step, "the slice step")
@@ -897,11 +955,11 @@ def _slice(self: _Analysis, node: fx.Node):
 @_rule(aten.select, aten.select_copy)
 def _select(self: _Analysis, node: fx.Node):
     state = self.tensor(node.args[0])
+    index = _const_int(self, node, node.args[2], "the selected index")  # `table[x.shape[1] - 1]`: refused
     if state is None:
         return self.out(node)
     dim = node.args[1] % len(state.dims)
     if state.dims[dim] is not None:
-        index = _const_int(self, node, node.args[2], "the selected index")
         if index is None or index < 0:
             self.refuse(node, "selecting a position counted from the end of a padded dim would read padding")
     return TensorPad(state.dims[:dim] + state.dims[dim + 1:], state.bound)
@@ -930,6 +988,24 @@ def _cat(self: _Analysis, node: fx.Node):
             out.append(None)
     bounds = {self.tensor(t).bound if self.tensor(t) else None for t in tensors}
     return TensorPad(tuple(out), bounds.pop() if len(bounds) == 1 and dim != len(dst) else None)
+
+
+@_rule(aten.stack)
+def _stack(self: _Analysis, node: fx.Node):
+    """A new, unpadded dim; every other dim is the operands' (which have one shape), pads combined like `cat`'s."""
+    tensors = list(node.args[0])
+    dst = _exprs(node)
+    dim = (node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)) % len(dst)
+    out: list[DimPad | None] = []
+    for d, expr in enumerate(dst[:dim] + dst[dim + 1:]):
+        if not self.is_padded(expr):
+            out.append(None)
+            continue
+        kinds = {self.dims(t)[d].kind if self.tensor(t) and self.dims(t)[d] else Pad.UNKNOWN for t in tensors}
+        out.append(DimPad(expr, kinds.pop() if len(kinds) == 1 else Pad.UNKNOWN))
+    out.insert(dim, None)
+    bounds = {self.tensor(t).bound if self.tensor(t) else None for t in tensors}
+    return TensorPad(tuple(out), bounds.pop() if len(bounds) == 1 else None)
 
 
 @_rule(aten.split, aten.split_with_sizes, aten.unbind, aten.chunk, aten.tensor_split)

@@ -252,14 +252,18 @@ def test_pad_kinds_are_computed_exactly_for_constant_pads():
     )
 
 
-def test_contraction_over_differently_laid_out_padded_dims_is_refused():
-    """[2, L, 4] merged to [2L, 4] (padding interleaved per row) against a [2L, 4] padded at its tail: eager's
-    answer needs exact shapes (this was the wrong nn.Linear weight gradient of training with batch > 1)."""
+def test_contraction_over_a_merged_dim_pads_a_product_sized_input_merged():
+    """[2, L, 4] merged to [2L, 4] (padding interleaved per row) against a [2L, 4] input: padded at its tail, the
+    contraction would pair real rows with padding (the wrong nn.Linear weight gradient of training with batch > 1);
+    the proof pads that input as [2, L] instead, so both operands lay the padding out alike."""
     fn = lambda x, y: x.reshape(-1, 4).T @ y  # noqa: E731
     bucketed = BucketedGraph(symbolic_graph(fn, [torch.randn(2, 5, 4), torch.randn(10, 4)], {0: [1], 1: [0]}))
-    assert not bucketed.proof.safe and "laid out differently" in bucketed.proof.reason
-    x, y = torch.randn(2, 7, 4), torch.randn(14, 4)
-    torch.testing.assert_close(bucketed.run(x, y)[0], fn(x, y))
+    assert bucketed.proof.safe
+    (parts,) = [layout[0] for layout in bucketed.proof.input_factors if layout and layout[0]]
+    assert parts[0] == 2
+    for length in (7, 1, 128, 129):
+        x, y = torch.randn(2, length, 4), torch.randn(2 * length, 4)
+        torch.testing.assert_close(bucketed.run(x, y)[0], fn(x, y))
 
 
 def test_linear_weight_gradient_with_batch_of_two_matches_eager():

@@ -1,0 +1,81 @@
+"""Graphs written to break padding, called the way a user calls them: `torch.compile` with the defaults and with
+`dynamic=True`, lengths across bucket boundaries, compared with eager. Each was accepted by the padding proof (or
+crashed) before its rule was fixed; the proof must now make it right or refuse it (exact shapes)."""
+
+import pytest
+import torch
+
+import neuron_dynamo
+
+H = 8
+TABLE = torch.randn(300, H, generator=torch.Generator().manual_seed(1))
+LENGTHS = (1, 5, 37, 127, 128, 129, 200, 37)
+
+
+def _select_by_size(x):
+    return x.sum(1) + TABLE[x.shape[1] - 1]
+
+
+def _slice_by_size(x):
+    n = x.shape[1]
+    return x.sum(1) + TABLE[n - 2:n].sum(0) if n >= 2 else x.sum(1)
+
+
+def _narrow_by_size(x):
+    return x.sum(1) + TABLE.narrow(0, x.shape[1], 1)[0]
+
+
+CASES = [_select_by_size, _slice_by_size, _narrow_by_size]
+
+
+@pytest.mark.parametrize("dynamic", [None, True], ids=["default", "dynamic"])
+@pytest.mark.parametrize("fn", CASES, ids=[f.__name__.strip("_") for f in CASES])
+def test_adversarial_graph_matches_eager_at_every_length(fn, dynamic):
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="neuron", dynamic=dynamic)
+    neuron_dynamo.reset_stats()
+    for length in LENGTHS:
+        x = torch.randn(2, length, H)
+        torch.testing.assert_close(compiled(x), fn(x), rtol=1e-4, atol=1e-4, msg=f"length {length}")
+    assert neuron_dynamo.stats().get("graphs_failed", 0) == 0
+
+
+# ------------------------------------------------------------------------------------------------------ training
+def _layer_norm_unbind():
+    torch.manual_seed(0)
+    norm = torch.nn.LayerNorm(H)
+
+    def loss(x):
+        a, b = norm(x).unbind(-1)[:2]  # the backward stacks the pieces: `aten.stack` has a rule
+        return (a * b).sum()
+
+    return norm, loss
+
+
+def _linear_batch_two():
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(H, H)
+    return linear, lambda x: torch.tanh(linear(x)).mean()  # weight grad contracts the merged [2·L] dim
+
+
+TRAINING = [_layer_norm_unbind, _linear_batch_two]
+
+
+@pytest.mark.parametrize("dynamic", [None, True], ids=["default", "dynamic"])
+@pytest.mark.parametrize("build", TRAINING, ids=[f.__name__.strip("_") for f in TRAINING])
+def test_adversarial_training_gradients_match_eager(build, dynamic):
+    module, loss = build()
+    torch._dynamo.reset()
+    compiled = torch.compile(loss, backend="neuron", dynamic=dynamic)
+    neuron_dynamo.reset_stats()
+    for length in (5, 37, 129):
+        x = torch.randn(2, length, H)
+        module.zero_grad()
+        loss(x).backward()
+        expected = [p.grad.clone() for p in module.parameters()]
+        module.zero_grad()
+        compiled(x).backward()
+        for got, want in zip((p.grad for p in module.parameters()), expected, strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, msg=f"length {length}")
+    stats = neuron_dynamo.stats()
+    assert stats.get("graphs_failed", 0) == 0 and stats.get("bucketing.graphs_refused", 0) == 0, stats
