@@ -236,6 +236,7 @@ def _through_cache(cache, key, gm, options, target, build, wrap) -> tuple[BuiltP
         built_now.append(built)
         try:
             payload = encode_program(built, gm, target)
+            decode_program(payload, gm, target, wrap)  # stored only if it reads back: an entry must be able to hit
         except Exception as exc:  # a target's serializer may refuse too: the program then runs uncached
             log.info("program not cached: %s: %s", type(exc).__name__, exc)
             return None, {}

@@ -427,3 +427,31 @@ def test_fake_compiler_made_slow_warm_run_skips_neuronx_cc(cache_dir, slow_fake_
     (entry,) = neuron_dynamo.program_cache.cache_for(resolve_options(neuron)).entries()
     assert entry.meta["compile_seconds"] >= 1.0 and entry.meta["target"] == "neuron"
     assert cache_stats()["cache.seconds_saved"] == pytest.approx(warm_graph.cache_seconds_saved)
+
+
+def test_every_entry_of_a_training_run_reads_back_in_a_fresh_process(cache_dir, pinned_sources):
+    """Tiny BERT trained at two lengths on the default target: the second process hits every program (an entry
+    that does not decode, e.g. a fused kernel holding a memory_format, would be quarantined and missed each time)."""
+    script = textwrap.dedent("""
+        import json, sys, torch, neuron_dynamo
+        sys.path.insert(0, "tests/hf")
+        from tiny_models import tiny_causal_lm
+        torch.manual_seed(0)
+        model = tiny_causal_lm("bert").train()
+        compiled = torch.compile(model, backend="neuron")
+        for length in (21, 37):
+            ids = torch.randint(0, 200, (2, length))
+            compiled(input_ids=ids, labels=ids).loss.backward()
+        print(json.dumps({k: v for k, v in neuron_dynamo.stats().items() if k.startswith("cache.")}))
+    """)
+
+    def run():
+        result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=os.environ,
+                                cwd=os.path.dirname(os.path.dirname(__file__)))
+        assert result.returncode == 0, result.stderr
+        return json.loads(result.stdout.strip().splitlines()[-1])
+
+    cold, warm = run(), run()
+    assert cold.get("cache.misses", 0) >= 4 and cold.get("cache.bypasses", 0) == 0
+    assert warm.get("cache.hits") == cold["cache.misses"] and warm.get("cache.misses", 0) == 0
+    assert "cache.corrupt" not in cold and "cache.corrupt" not in warm

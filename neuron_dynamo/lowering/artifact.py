@@ -218,7 +218,8 @@ def _decode_spec(data: Any) -> GroupSpec:
 
 
 def _step_constant(value: Any, inputs: int, steps: int) -> Any:
-    """A step operand: a `Ref` to an input or an earlier step, a number, None, a dtype or an identifier string."""
+    """A step operand: a `Ref` to an input or an earlier step, a number, None, a torch dtype, layout, memory format
+    or device, or an identifier string."""
     if isinstance(value, Ref):
         limit = {"in": inputs, "step": steps}.get(value.kind)
         if limit is None or type(value.index) is not int or not 0 <= value.index < limit:
@@ -228,7 +229,7 @@ def _step_constant(value: Any, inputs: int, steps: int) -> Any:
         return type(value)(_step_constant(v, inputs, steps) for v in value)
     if isinstance(value, str):
         return _checked(_IDENTIFIER, value, "a fused-group constant")
-    if value is None or isinstance(value, bool | int | float | torch.dtype):
+    if value is None or isinstance(value, (bool, int, float, torch.device, *_TORCH_TYPES.values())):
         return value
     raise ArtifactError(f"a fused-group constant of type {type(value).__name__}")
 

@@ -189,6 +189,8 @@ def prove_padding(gm: fx.GraphModule, symbols: Sequence[sympy.Symbol]) -> Paddin
         merged = _prove(gm, symbols, merged_inputs=True)
         if merged.safe:
             return merged
+    if proof.reason is not None:
+        log.info("padding refused: %s", proof.reason)
     return proof
 
 
@@ -198,7 +200,6 @@ def _prove(gm: fx.GraphModule, symbols: tuple[sympy.Symbol, ...], merged_inputs:
     try:
         analysis.run()
     except PaddingRefused as refusal:
-        log.info("padding refused: %s", refusal)
         return PaddingProof(safe=False, graph=None, symbols=symbols, reason=str(refusal))
     except Exception as error:  # a graph shape the rules did not foresee: refusing is always safe
         log.warning("padding analysis failed, running at exact shapes: %r", error, exc_info=True)
