@@ -215,15 +215,27 @@ class BucketedGraph:
                 kind = "not traceable" if isinstance(error, SpecializationError) else "failed to compile"
                 self._refuse(f"bucket {_show(bucket)} {kind}, running exact: {type(error).__name__}: {error}")
                 padded = False
-        sizes = bucket if padded else real
-        if not padded:
-            program, key = self._program(real, padded=False)
+        if padded:
+            try:
+                results = program.run(*self._inputs(args, real, bucket, padded=True))
+            except BucketingError:
+                raise
+            except Exception as error:  # e.g. a size the static graph baked in: the bucket cannot serve this graph
+                self._failed.add(tuple(bucket.items()))
+                self._refuse(f"bucket {_show(bucket)} failed to run, running exact: {type(error).__name__}: {error}")
+                padded = False
+            else:
+                self._count_call(key)
+                return self._outputs_at(results, real, bucket)
+        program, key = self._program(real, padded=False)
+        self._count_call(key)
+        return self._outputs_at(program.run(*self._inputs(args, real, real, padded=False)), real, real)
+
+    def _count_call(self, key: str) -> None:
         self.stats.calls[key] = self.stats.calls.get(key, 0) + 1
         counters.bump("calls")
         counters.bump("bucketing.calls")
         counters.bump(f"bucketing.{self.name}.calls.{key}")
-        results = program.run(*self._inputs(args, real, sizes, padded))
-        return self._outputs_at(results, real, sizes)
 
     def _program(self, sizes: Mapping[sympy.Symbol, int], padded: bool) -> tuple[_Program, str]:
         key = ("bucket" if padded else "exact", *(sizes[s] for s in self.plan.symbols))

@@ -50,10 +50,12 @@ Rules, over a padded dim (`mask` = the analysis inserts `masked_fill(pad region,
 | layer norm, batch norm (eval), conv | safe when the normalised / convolved dims are unpadded; LN backward masks to 0 |
 | embedding (+ backward) | padded indices are valid rows (pad 0); backward masks padded gradient rows to 0 |
 | index, index_select, gather | along a padded dim only with an index bounded by that dim (derived from `arange`) |
+|   | indices into an unpadded dim (embedding too) whose pad is not 0 (`arange(s)` position ids): pad set to 0 |
 | nll_loss (fwd/bwd) | padded targets are set to `ignore_index` |
 | scatter, index_add, slice_scatter | along unpadded dims safe; slice_scatter along a padded dim restores the |
 |   | destination behind the real end; other writes along a padded dim (a KV cache) refuse |
-| index_put | accumulate: mask padded values to 0; overwrite: refuse |
+| index_put | accumulate: mask padded values to 0, when the values are padded like the indices (not broadcast, |
+|   | not merged differently: else refuse), padded indices set in range; overwrite: refuse |
 | mutations (copy_, add_, ...) | refuse when padding is involved (the caller would never see the padded copy) |
 | random (dropout, rand, bernoulli) | refuse on padded shapes (the random stream would differ) |
 | creation (full, zeros, arange) | pad kind from the fill value; `arange` start must not depend on a bucketed size |
@@ -1370,11 +1372,20 @@ def _convolution(self: _Analysis, node: fx.Node):
     return self.independent(node, node.args[0], list(range(1, rank)), "convolution")
 
 
+def _in_range_padding(self: _Analysis, node: fx.Node, index) -> None:
+    """Indices into an unpadded dim: their pad must hold a valid index. Padded ids are 0, but `arange(s)` position
+    ids hold s..bucket-1 in their pad, beyond a table smaller than the bucket: set to 0."""
+    if isinstance(index, fx.Node):
+        self.mask_padded(node, index, 0, "padded indices into an unpadded dim set to 0 (in range)",
+                         unless=(Pad.ZERO,))
+
+
 @_rule(aten.embedding)
 def _embedding(self: _Analysis, node: fx.Node):
     weight = self.tensor(node.args[0])
     if weight is not None and weight.padded:
         self.refuse(node, "embedding table with a padded dim")
+    _in_range_padding(self, node, node.args[1])
     return self.out(node)
 
 
@@ -1401,6 +1412,8 @@ def _index(self: _Analysis, node: fx.Node):
     for d, index in enumerate(node.args[1]):
         if index is not None:
             _check_index_bound(self, node, source_dims[d], index)
+            if source_dims[d] is None:
+                _in_range_padding(self, node, index)
     return self.out(node)
 
 
@@ -1410,6 +1423,8 @@ def _index_select(self: _Analysis, node: fx.Node):
     dim = node.args[1] % len(source_dims) if source_dims else 0
     if source_dims:
         _check_index_bound(self, node, source_dims[dim], node.args[2])
+    if not source_dims or source_dims[dim] is None:
+        _in_range_padding(self, node, node.args[2])
     return self.out(node)
 
 
@@ -1462,8 +1477,34 @@ def _index_put(self: _Analysis, node: fx.Node):
     if not args.get("accumulate", False):
         self.refuse(node, "writes at padded positions would overwrite real entries of the buffer (e.g. a KV cache); "
                           "redirecting such writes is not supported")
+    _check_write_layouts(self, node, list(args["indices"]), args["values"], len(_exprs(node.args[0])))
+    for index in args["indices"]:
+        _in_range_padding(self, node, index)
     self.mask_padded(node, args["values"], 0.0, "accumulating write: padded values zeroed", unless=(Pad.ZERO,))
     return self.like(node, node.args[0])
+
+
+def _check_write_layouts(self: _Analysis, node: fx.Node, indices: list, values, dest_rank: int) -> None:
+    """Zeroing the values' pad cancels exactly the writes of padded index positions only if, along every padded dim
+    of the indices, the values are padded the same way (not broadcast, not merged differently)."""
+    if any(index is None for index in indices):
+        self.refuse(node, "an indexed write with a skipped (None) dim touching padding")
+    index_rank = max(len(_exprs(index)) for index in indices)
+    value_dims = self.dims(values) if isinstance(values, fx.Node) else ()
+    full_rank = index_rank + dest_rank - len(indices)
+    for d in range(index_rank):
+        layouts = set()
+        for index in indices:
+            dims = self.dims(index)
+            aligned = d - (index_rank - len(dims))
+            if aligned >= 0 and dims[aligned] is not None:
+                layouts.add(dims[aligned].parts)
+        if not layouts:
+            continue
+        v = d + len(value_dims) - full_rank
+        if len(layouts) > 1 or v < 0 or value_dims[v] is None or value_dims[v].parts != layouts.pop():
+            self.refuse(node, "an accumulating write whose values are broadcast over, or lay out differently, a "
+                              "padded dim of its indices")
 
 
 def _slice_scatter_padded(self: _Analysis, node: fx.Node, args: dict, dim: int):

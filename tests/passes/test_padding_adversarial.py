@@ -25,19 +25,66 @@ def _narrow_by_size(x):
     return x.sum(1) + TABLE.narrow(0, x.shape[1], 1)[0]
 
 
-CASES = [_select_by_size, _slice_by_size, _narrow_by_size]
+POSITIONS = torch.nn.Embedding(200, H)
 
 
-@pytest.mark.parametrize("dynamic", [None, True], ids=["default", "dynamic"])
-@pytest.mark.parametrize("fn", CASES, ids=[f.__name__.strip("_") for f in CASES])
+def _positions_into_a_small_table(x):
+    return x + POSITIONS(torch.arange(x.shape[1]))  # a bucket of 256 > 200 rows: the pad ids must stay in range
+
+
+def _positions_by_index(x):
+    return x + POSITIONS.weight[torch.arange(x.shape[1])]
+
+
+def _flatten_trailing(x):
+    return x.reshape(x.shape[0], -1)  # an output that is a view of a padded input
+
+
+def _accumulate_by_ids(x):
+    ids = (x[..., 0].abs() * 7).long() % 10
+    return torch.zeros(10).index_put_((ids.reshape(-1),), torch.ones(ids.numel()), accumulate=True)
+
+
+CASES = [_select_by_size, _slice_by_size, _narrow_by_size, _positions_into_a_small_table, _positions_by_index,
+         _flatten_trailing]
+
+
+@pytest.mark.parametrize("dynamic", [None, True, False], ids=["default", "dynamic", "static"])
+@pytest.mark.parametrize("fn", [*CASES, _accumulate_by_ids], ids=[f.__name__.strip("_") for f in CASES] + [
+    "accumulate_by_ids"])
 def test_adversarial_graph_matches_eager_at_every_length(fn, dynamic):
     torch._dynamo.reset()
     compiled = torch.compile(fn, backend="neuron", dynamic=dynamic)
     neuron_dynamo.reset_stats()
-    for length in LENGTHS:
+    for length in LENGTHS if dynamic is not False else LENGTHS[:4]:
         x = torch.randn(2, length, H)
-        torch.testing.assert_close(compiled(x), fn(x), rtol=1e-4, atol=1e-4, msg=f"length {length}")
-    assert neuron_dynamo.stats().get("graphs_failed", 0) == 0
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x), fn(x), rtol=1e-4, atol=1e-4, msg=f"length {length}")
+    assert neuron_dynamo.stats().get("graphs_failed", 0) == 0  # right without falling back to eager
+
+
+def test_gpt2_with_fewer_positions_than_the_bucket():
+    """GPT-2 with n_positions=200: lengths 129..200 run in the 256 bucket, whose padded position ids reach 255."""
+    import sys
+    from pathlib import Path
+
+    import transformers
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "hf"))
+    from tiny_models import tiny_causal_lm_config
+
+    config = tiny_causal_lm_config("gpt2")
+    config.n_positions = 200
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    compiled = torch.compile(model, backend="neuron")
+    neuron_dynamo.reset_stats()
+    with torch.no_grad():
+        for length in (5, 129, 200, 150):
+            ids = torch.randint(0, config.vocab_size, (1, length))
+            torch.testing.assert_close(compiled(ids).logits, model(ids).logits, rtol=1e-4, atol=1e-4)
+    stats = neuron_dynamo.stats()
+    assert stats.get("graphs_failed", 0) == 0 and stats.get("bucketing.programs", 0) >= 1, stats
 
 
 # ------------------------------------------------------------------------------------------------------ training
