@@ -234,11 +234,11 @@ def test_causal_self_attention_needs_no_key_mask_but_plain_attention_does():
 
 
 def test_pad_kinds_are_computed_exactly_for_constant_pads():
-    from neuron_dynamo.passes.padding import _Analysis
+    from neuron_dynamo.passes.padding import Analysis
 
     gm = symbolic_graph(lambda x: (torch.exp(x - float("inf")), x + 1, x * 0.5), [torch.randn(5)], {0: [0]})
     symbol = next(n for n in gm.graph.nodes if n.op == "placeholder").meta["val"].shape[0].node.expr
-    analysis = _Analysis(gm, (symbol,))
+    analysis = Analysis(gm, (symbol,))
     analysis.run()
     kinds = {
         n.name: analysis.state[n].dims[0].kind
@@ -288,3 +288,30 @@ def test_attention_with_a_dynamic_head_dim_keeps_its_real_scale():
     for length, head_dim in ((5, 8), (7, 8), (9, 16)):
         q, k, v = (torch.randn(2, 3, length, head_dim) for _ in range(3))
         torch.testing.assert_close(compiled(q, k, v), attend(q, k, v), atol=1e-5, rtol=1e-5)
+
+
+def test_the_rules_table_and_the_registered_rules_agree():
+    """The module docstring's table is the audit of the rules: every rule is in it, and it names only real rules."""
+    import re
+
+    import neuron_dynamo.passes.padding as padding
+    from neuron_dynamo.passes.padding.state import _RULES
+
+    table = [line for line in padding.__doc__.splitlines() if line.startswith("|")]
+    families = " ".join(line.split("|")[1] for line in table)
+    documented = " ".join(table)
+    registered = {str(op).removeprefix("aten.") for op in _RULES}
+    generic = {"graph", "inputs", "element", "wise", "tag", "pointwise", "casts", "fwd", "bwd", "attention", "sdpa",
+               "backward", "mutations", "add_", "copy_", "random", "dropout", "rand", "bernoulli", "creation",
+               "a", "size", "used", "as", "data", "x", "s0", "anything", "else", "touching", "padding", "layer",
+               "norm", "batch", "eval", "conv", "un", "op", "family"}
+    named = {word for word in re.findall(r"[a-z_0-9]+", families.lower()) if word not in generic}
+    unknown = {word for word in named if not any(name.lstrip("_").startswith(word) for name in registered)}
+    assert unknown == set(), "the table names ops without a rule"
+    for fn in set(_RULES.values()):
+        ops = [re.sub(r"(_dense)?(_backward.*|_forward|_copy)$", "", str(op).removeprefix("aten.").strip("_"))
+               for op, rule in _RULES.items() if rule is fn]
+        described_by_family = fn.__name__ in ("_elementwise_untagged", "_attention", "_attention_backward",
+                                              "_layer_norm", "_layer_norm_backward", "_batch_norm_eval",
+                                              "_convolution", "_creation")
+        assert described_by_family or any(re.search(rf"\b{re.escape(op)}\b", documented) for op in ops), fn.__name__

@@ -1,0 +1,299 @@
+"""Padding rules of the shape family: views, permutes, expands, slices, cat/stack/split, constant padding."""
+
+from __future__ import annotations
+
+import sympy
+import torch
+import torch.fx as fx
+
+from neuron_dynamo.passes.padding.analysis import Analysis
+from neuron_dynamo.passes.padding.state import DimPad, Pad, SymValue, TensorPad, _classify_scalar, _exprs, rule
+
+aten = torch.ops.aten
+
+
+
+
+def _generic_point(expr: sympy.Expr) -> float:
+    return float(expr.subs({s: 1009 + 17 * i for i, s in enumerate(sorted(expr.free_symbols, key=str))}))
+
+
+def _take_factors(factors: list[sympy.Expr], target: sympy.Expr) -> list[sympy.Expr] | None:
+    """Consume the leading `factors` whose product is `target` (splitting a static integer factor if needed)."""
+    taken, product = [], sympy.Integer(1)
+    while sympy.expand(product - target) != 0:
+        if not factors:
+            return None
+        factor = factors[0]
+        if _generic_point(product * factor) <= _generic_point(target) + 0.5:
+            taken.append(factors.pop(0))
+            product *= factor
+            continue
+        need = sympy.simplify(target / product)
+        if factor.is_Integer and need.is_Integer and int(factor) % int(need) == 0:
+            taken.append(need)
+            factors[0] = sympy.Integer(int(factor) // int(need))
+            product *= need
+            continue
+        return None
+    return taken
+
+
+def _view_groups(src: list[sympy.Expr], dst: list[sympy.Expr]) -> list[tuple[list[int], list[int]]] | None:
+    """Group the dims of a reshape `src -> dst` into runs with equal element counts (size-1 dims stand alone)."""
+    groups, i, j = [], 0, 0
+    while i < len(src) or j < len(dst):
+        if i < len(src) and src[i] == 1:
+            groups.append(([i], []))
+            i += 1
+            continue
+        if j < len(dst) and dst[j] == 1:
+            groups.append(([], [j]))
+            j += 1
+            continue
+        if i >= len(src) or j >= len(dst):
+            return None
+        gi, gj = [i], [j]
+        pi, pj = src[i], dst[j]
+        i, j = i + 1, j + 1
+        while sympy.expand(pi - pj) != 0:
+            if _generic_point(pi) < _generic_point(pj):
+                if i >= len(src):
+                    return None
+                pi, gi = pi * src[i], gi + [i]
+                i += 1
+            else:
+                if j >= len(dst):
+                    return None
+                pj, gj = pj * dst[j], gj + [j]
+                j += 1
+        groups.append((gi, gj))
+    return groups
+
+
+@rule(aten.view, aten._unsafe_view, aten.reshape, aten.view_copy, aten.squeeze, aten.unsqueeze, aten.flatten,
+       aten.unflatten, aten._reshape_alias, aten.squeeze_copy, aten.unsqueeze_copy, merge_aware=True)  # fmt: skip
+def _view(self: Analysis, node: fx.Node):
+    source = node.args[0]
+    src, dst = _exprs(source), _exprs(node)
+    state = self.tensor(source)
+    if state is None or not state.padded:
+        return self.out(node, Pad.UNKNOWN, state.bound if state else None)
+    groups = _view_groups(src, dst)
+    if groups is None:
+        self.refuse(node, f"cannot relate the view {src} -> {dst}")
+    out: list[DimPad | None] = [None] * len(dst)
+    for gi, gj in groups:
+        factors, kinds = [], []
+        for i in gi:
+            padded = state.dims[i]
+            factors.extend(padded.factors if padded is not None else (src[i],))
+            if padded is not None:
+                kinds.append(padded.kind)
+        if not kinds:
+            continue
+        kind = kinds[0] if len(set(kinds)) == 1 else Pad.UNKNOWN
+        for j in gj:
+            taken = _take_factors(factors, dst[j])
+            if taken is None:
+                self.refuse(node, f"view {[str(src[i]) for i in gi]} -> {[str(dst[j]) for j in gj]} splits a merged "
+                                  "padded dim across a padded factor")
+            out[j] = self._merged(dst[j], taken, kind)
+        if any(f != 1 for f in factors):
+            self.refuse(node, f"cannot relate the view {src} -> {dst}")
+    return TensorPad(tuple(out), state.bound)
+
+
+@rule(aten.permute, aten.transpose, aten.t, aten.permute_copy, aten.transpose_copy, aten.t_copy, merge_aware=True)
+def _permute(self: Analysis, node: fx.Node):
+    state = self.tensor(node.args[0])
+    if state is None:
+        return self.out(node)
+    rank = len(state.dims)
+    order = list(range(rank))
+    packet = node.target.overloadpacket
+    if packet in (aten.permute, aten.permute_copy):
+        order = [d % rank for d in node.args[1]]
+    elif rank >= 2:
+        a, b = (node.args[1] % rank, node.args[2] % rank) if len(node.args) > 2 else (0, 1)
+        order[a], order[b] = order[b], order[a]
+    return TensorPad(tuple(state.dims[i] for i in order), state.bound)
+
+
+@rule(aten.expand, aten.expand_copy, merge_aware=True)
+def _expand(self: Analysis, node: fx.Node):
+    state = self.tensor(node.args[0])
+    dst = _exprs(node)
+    src_dims = state.dims if state else tuple(None for _ in _exprs(node.args[0]))
+    src = _exprs(node.args[0])
+    out = []
+    offset = len(dst) - len(src)
+    for d, expr in enumerate(dst):
+        i = d - offset
+        if i >= 0 and src_dims[i] is not None:
+            out.append(src_dims[i])
+        elif self.is_padded(expr):
+            out.append(DimPad(expr, Pad.UNKNOWN))  # copies of real data fill the pad region
+        else:
+            out.append(None)
+    return TensorPad(tuple(out), state.bound if state else None)
+
+
+def _const_int(self: Analysis, node: fx.Node, value, what: str) -> int | None:
+    """`value` as a plain int, refusing when it depends on a bucketed size."""
+    if value is None:
+        return None
+    if isinstance(value, fx.Node):
+        state = self.state.get(value)
+        if isinstance(state, SymValue):
+            if state.bucketed:
+                self.refuse(node, f"{what} depends on a dynamic size ({state.expr})")
+            return int(state.expr) if state.expr.is_number else None
+        self.refuse(node, f"{what} is computed at run time")
+    return int(value)
+
+
+@rule(aten.slice, aten.narrow, aten.slice_copy)
+def _slice(self: Analysis, node: fx.Node):
+    state = self.tensor(node.args[0])
+    src, dst = _exprs(node.args[0]), _exprs(node)
+    args = self.kwargs(node)
+    dim = args.get("dim", 0) % len(src)
+    out = list(state.dims) if state else [None] * len(src)
+    padded_src = out[dim] is not None
+    if node.target.overloadpacket is aten.narrow:
+        start, step = args["start"], 1
+    else:
+        start, step = args.get("start"), args.get("step", 1)
+        if not self.is_padded(dst[dim]):  # an end that depends on a size must be where a padded dim ends
+            _const_int(self, node, args.get("end"), "the slice end")
+    start = _const_int(self, node, start, "the slice start")  # a position computed from a size: refused
+    if padded_src or self.is_padded(dst[dim]):
+        start = _const_int(self, node, start, "the slice start") or 0
+        step = _const_int(self, node, step, "the slice step")
+        if start < 0:
+            self.refuse(node, "a slice counted from the end of a padded dim would read padding")
+        if step != 1 and start != 0:
+            self.refuse(node, "a strided slice with an offset along a padded dim")
+    if self.is_padded(dst[dim]):
+        exact_tail = padded_src and sympy.expand(src[dim] - start - dst[dim]) == 0
+        kind = out[dim].kind if exact_tail and step == 1 else Pad.UNKNOWN
+        out[dim] = DimPad(dst[dim], kind)
+    else:
+        out[dim] = None
+    return TensorPad(tuple(out), state.bound if state else None)
+
+
+@rule(aten.select, aten.select_copy)
+def _select(self: Analysis, node: fx.Node):
+    state = self.tensor(node.args[0])
+    index = _const_int(self, node, node.args[2], "the selected index")  # `table[x.shape[1] - 1]`: refused
+    if state is None:
+        return self.out(node)
+    dim = node.args[1] % len(state.dims)
+    if state.dims[dim] is not None:
+        if index is None or index < 0:
+            self.refuse(node, "selecting a position counted from the end of a padded dim would read padding")
+    return TensorPad(state.dims[:dim] + state.dims[dim + 1:], state.bound)
+
+
+@rule(aten.cat)
+def _cat(self: Analysis, node: fx.Node):
+    tensors = [t for t in node.args[0] if _exprs(t) is not None and len(_exprs(t)) == len(_exprs(node))]
+    dst = _exprs(node)
+    dim = (node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)) % len(dst)
+    out = []
+    for d, expr in enumerate(dst):
+        if d == dim:
+            if not self.is_padded(expr):
+                out.append(None)
+                continue
+            padded = [t for t in tensors if self.is_padded(_exprs(t)[d])]
+            if padded != tensors[-1:]:
+                self.refuse(node, "concatenation along a padded dim leaves padding between real data")
+            last = self.dims(tensors[-1])[d]
+            out.append(DimPad(expr, last.kind))
+        elif self.is_padded(expr):
+            kinds = {self.dims(t)[d].kind if self.dims(t)[d] else Pad.UNKNOWN for t in tensors}
+            out.append(DimPad(expr, kinds.pop() if len(kinds) == 1 else Pad.UNKNOWN))
+        else:
+            out.append(None)
+    bounds = {self.tensor(t).bound if self.tensor(t) else None for t in tensors}
+    return TensorPad(tuple(out), bounds.pop() if len(bounds) == 1 and dim != len(dst) else None)
+
+
+@rule(aten.stack)
+def _stack(self: Analysis, node: fx.Node):
+    """A new, unpadded dim; every other dim is the operands' (which have one shape), pads combined like `cat`'s."""
+    tensors = list(node.args[0])
+    dst = _exprs(node)
+    dim = (node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)) % len(dst)
+    out: list[DimPad | None] = []
+    for d, expr in enumerate(dst[:dim] + dst[dim + 1:]):
+        if not self.is_padded(expr):
+            out.append(None)
+            continue
+        kinds = {self.dims(t)[d].kind if self.tensor(t) and self.dims(t)[d] else Pad.UNKNOWN for t in tensors}
+        out.append(DimPad(expr, kinds.pop() if len(kinds) == 1 else Pad.UNKNOWN))
+    out.insert(dim, None)
+    bounds = {self.tensor(t).bound if self.tensor(t) else None for t in tensors}
+    return TensorPad(tuple(out), bounds.pop() if len(bounds) == 1 else None)
+
+
+@rule(aten.split, aten.split_with_sizes, aten.unbind, aten.chunk, aten.tensor_split)
+def _split(self: Analysis, node: fx.Node):
+    state = self.tensor(node.args[0])
+    if state is None:
+        return self._unpadded_outputs(node)
+    args = self.kwargs(node)
+    dim = args.get("dim", 0) % len(state.dims)
+    if state.dims[dim] is not None:
+        self.refuse(node, "splitting along a padded dim would put padding inside the first pieces")
+    if node.target.overloadpacket is aten.unbind:
+        kept = state.dims[:dim] + state.dims[dim + 1:]
+        return tuple(TensorPad(kept, state.bound) for _ in node.meta["val"])
+    return tuple(TensorPad(state.dims, state.bound) for _ in node.meta["val"])
+
+
+@rule(aten.constant_pad_nd)
+def _constant_pad(self: Analysis, node: fx.Node):
+    source = node.args[0]
+    state = self.tensor(source)
+    pads = list(node.args[1])
+    value = node.args[2] if len(node.args) > 2 else node.kwargs.get("value", 0)
+    src = _exprs(source)
+    rank = len(src)
+    out = list(state.dims) if state else [None] * rank
+    dst = _exprs(node)
+    needs_fill = []
+    for k in range(len(pads) // 2):
+        d = rank - 1 - k
+        left = _const_int(self, node, pads[2 * k], "the pad width")
+        right = _const_int(self, node, pads[2 * k + 1], "the pad width")
+        if out[d] is None:
+            continue
+        if left < 0 or right < 0:
+            self.refuse(node, "negative padding crops a padded dim")
+        out[d] = DimPad(dst[d], out[d].kind)
+        if right > 0:
+            needs_fill.append((d, src[d] + left))
+    result = TensorPad(tuple(out), None)
+    if needs_fill:
+        # The pad op writes `value` after the *bucket* end; move it to the real end.
+        users = list(node.users)
+        with self.graph.inserting_before(node.next):
+            combined = None
+            for d, threshold in needs_fill:
+                mask = self.pad_mask(node, d, threshold)
+                combined = mask if combined is None else self.graph.call_function(aten.logical_or.default,
+                                                                                  (combined, mask))
+            filled = self.graph.call_function(aten.masked_fill.Scalar, (node, combined, value))
+        filled.meta["val"] = node.meta.get("val")
+        for user in users:
+            user.replace_input_with(node, filled)
+        kind = _classify_scalar(value)
+        self.state[filled] = TensorPad(
+            tuple(DimPad(p.expr, kind) if p is not None and any(d == i for d, _ in needs_fill) else p
+                  for i, p in enumerate(out)), None)
+        self.masks.append(f"{node.name}: pad value written at the real end")
+    return result
