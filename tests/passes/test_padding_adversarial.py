@@ -45,8 +45,21 @@ def _accumulate_by_ids(x):
     return torch.zeros(10).index_put_((ids.reshape(-1),), torch.ones(ids.numel()), accumulate=True)
 
 
+def _size_reciprocal(x):
+    return x.sum(1) * (1 / x.shape[1])  # a SymFloat used as data: the real size, not the bucket's
+
+
+def _size_square_root(x):
+    return x.sum(1) / x.shape[1] ** 0.5
+
+
+def _filled_with_the_size(x):
+    return x.sum(1) + torch.full((x.shape[0], x.shape[2]), x.shape[1])
+
+
 CASES = [_select_by_size, _slice_by_size, _narrow_by_size, _positions_into_a_small_table, _positions_by_index,
-         _flatten_trailing]
+         _flatten_trailing, _size_reciprocal, _size_square_root, _filled_with_the_size]
+BUCKETED = {_size_reciprocal, _size_square_root, _filled_with_the_size, _positions_into_a_small_table}
 
 
 @pytest.mark.parametrize("dynamic", [None, True, False], ids=["default", "dynamic", "static"])
@@ -60,7 +73,10 @@ def test_adversarial_graph_matches_eager_at_every_length(fn, dynamic):
         x = torch.randn(2, length, H)
         with torch.no_grad():
             torch.testing.assert_close(compiled(x), fn(x), rtol=1e-4, atol=1e-4, msg=f"length {length}")
-    assert neuron_dynamo.stats().get("graphs_failed", 0) == 0  # right without falling back to eager
+    stats = neuron_dynamo.stats()
+    assert stats.get("graphs_failed", 0) == 0  # right without falling back to eager
+    if fn in BUCKETED and dynamic is not False:
+        assert stats.get("bucketing.programs", 0) >= 1 and not stats.get("bucketing.graphs_refused"), stats
 
 
 def test_gpt2_with_fewer_positions_than_the_bucket():

@@ -59,7 +59,8 @@ Rules, over a padded dim (`mask` = the analysis inserts `masked_fill(pad region,
 | mutations (copy_, add_, ...) | refuse when padding is involved (the caller would never see the padded copy) |
 | random (dropout, rand, bernoulli) | refuse on padded shapes (the random stream would differ) |
 | creation (full, zeros, arange) | pad kind from the fill value; `arange` start must not depend on a bucketed size |
-| a size used as data (`x / s0`) | a pointwise op gets the real size as a 0-d tensor; anywhere else: refuse |
+| a size used as data (`x / s0`) | a pointwise op gets the real size (int or float expression: `1 / s0`, `s0 ** 0.5`) |
+|   | as a 0-d tensor; `full`/`scalar_tensor`/`fill` fill 0 and add the real size; anywhere else: refuse |
 | anything else touching padding | refuse, naming the op |
 
 Masks compare `arange(bucket size)` against the real size, which the transformed graph receives as extra 0-d int64

@@ -108,6 +108,11 @@ def _has_product_input(gm: fx.GraphModule, symbols: set) -> bool:
                for e in (_exprs(n) or ()))
 
 
+# Creation ops whose fill value may be a size (`full((n,), x.shape[1])`): the argument that carries it.
+_FILLS = {"aten.full": ("fill_value",), "aten.full_like": ("fill_value",), "aten.new_full": ("fill_value",),
+          "aten.scalar_tensor": ("s",), "aten.fill": ("value",)}
+
+
 class Analysis:
     def __init__(self, gm: fx.GraphModule, symbols: tuple[sympy.Symbol, ...], merged_inputs: bool = False) -> None:
         self.gm = gm
@@ -156,8 +161,13 @@ class Analysis:
                 for out in graph_outputs(node)
             ]
         elif node.op == "call_function":
-            self._check_size_as_data(node)
+            filled = self._check_size_as_data(node)
             self.state[node] = self._call(node)
+            if filled is not None:  # the creation now fills 0 and `filled` adds the real size: finite, everywhere
+                state = self.tensor(node)
+                self.state[filled] = TensorPad(tuple(
+                    dataclasses.replace(d, kind=Pad.FINITE) if d is not None else None for d in state.dims
+                ), None) if state is not None else None
         else:
             raise PaddingRefused(f"{node.op} node {node.name}: no padding rule for module/method calls")
 
@@ -318,13 +328,16 @@ class Analysis:
     def refuse(self, node: fx.Node, why: str):
         raise PaddingRefused(f"{_op_name(node.target)} ({node.name}): {why}")
 
-    def _check_size_as_data(self, node: fx.Node) -> None:
-        """Refuse a bucketed size flowing into a non-size argument (it would see the bucket value)."""
+    def _check_size_as_data(self, node: fx.Node) -> fx.Node | None:
+        """A bucketed size flowing into a non-size argument would see the bucket value: a pointwise op gets the real
+        size as a 0-d tensor instead, a creation op fills 0 and the real size is added after it (the node doing so
+        is returned); anywhere else the graph is refused."""
         target = node.target
         if not isinstance(target, torch._ops.OpOverload) or _op_name(target) in _SYM_ASSERTS:
-            return
+            return None
         if target.overloadpacket is aten.arange:
-            return  # its own rule checks that only `end` depends on a bucketed size
+            return None  # its own rule checks that only `end` depends on a bucketed size
+        filled = None
         arguments = target._schema.arguments
         positional = list(node.args) + [node.kwargs.get(a.name) for a in arguments[len(node.args):]]
         for position, (argument, value) in enumerate(zip(arguments, positional, strict=False)):
@@ -335,14 +348,32 @@ class Analysis:
                 if not (isinstance(state, SymValue) and state.bucketed):
                     continue
                 tensor_overload = _tensor_overload(target, str(argument.type))
-                if tensor_overload is not None and isinstance(item.meta.get("val"), torch.SymInt):
+                is_number = isinstance(item.meta.get("val"), (torch.SymInt, torch.SymFloat))
+                if tensor_overload is not None and is_number:
                     # Redirect: the op gets the real size as a 0-d tensor, exactly what eager computes with.
                     node.target = tensor_overload
                     _set_arg(node, position, argument.name, self.real(state.expr))
                     self.masks.append(f"{node.name}: the size {state.expr} used as data reads the real size")
                     continue
+                if is_number and filled is None and _op_name(target) in _FILLS and argument.name in _FILLS[
+                        _op_name(target)] and _dtype(node) not in (None, torch.bool):
+                    _set_arg(node, position, argument.name, 0)
+                    filled = self._add_after(node, self.real(state.expr))
+                    self.masks.append(f"{node.name}: filled with the real size {state.expr}")
+                    continue
                 self.refuse(node, f"the dynamic size {state.expr} is used as data (argument {argument.name!r}); "
                                   "a bucketed program would see the bucket size, not the real one")
+        return filled
+
+    def _add_after(self, node: fx.Node, value: fx.Node) -> fx.Node:
+        """`node + value` in place of `node` for every user of `node`."""
+        users = list(node.users)
+        with self.graph.inserting_after(node):
+            added = self.graph.call_function(aten.add.Tensor, (node, value))
+        added.meta["val"] = node.meta.get("val")
+        for user in users:
+            user.replace_input_with(node, added)
+        return added
 
     # ---- graph surgery -------------------------------------------------------------------------------------------
 
@@ -368,10 +399,25 @@ class Analysis:
                 node = self.graph.call_function(
                     aten.div.Tensor_mode, (self.real(expr.args[0]), self.real(expr.args[1])), {"rounding_mode": "floor"}
                 )
+            elif expr.is_Number:  # a float or rational constant of a float size expression
+                node = self.graph.call_function(aten.scalar_tensor.default, (float(expr),), {"dtype": torch.float64})
+            elif type(expr).__name__ in ("ToFloat", "TruncToFloat") or (
+                    type(expr).__name__ == "Identity" and len(expr.args) == 1):
+                node = self._as_double(self.real(expr.args[0]))
+            elif type(expr).__name__ in ("IntTrueDiv", "FloatTrueDiv"):
+                operands = tuple(self._as_double(self.real(a)) for a in expr.args)
+                node = self.graph.call_function(aten.div.Tensor, operands)
+            elif type(expr).__name__ in ("FloatPow", "PowByNatural") or isinstance(expr, sympy.Pow):
+                node = self.graph.call_function(aten.pow.Tensor_Tensor,
+                                                tuple(self._as_double(self.real(a)) for a in expr.args))
             else:
                 raise PaddingRefused(f"cannot compute the real value of size expression {expr}")
         self._real_nodes[expr] = node
         return node
+
+    def _as_double(self, node: fx.Node) -> fx.Node:
+        """A real-size node as float64 (Python's float, what eager computes size arithmetic in)."""
+        return self.graph.call_function(aten._to_copy.default, (node,), {"dtype": torch.float64})
 
     def sym(self, expr: sympy.Expr):
         """A SymInt node (or int) holding `expr` at the sizes the graph runs with (the bucket sizes)."""
