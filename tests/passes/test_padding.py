@@ -156,7 +156,6 @@ REFUSED = {
     "variance": (lambda x: x.var(1), "variance"),
     "cat_along_length": (lambda x: torch.cat([x, x], 1).sum(1), "concatenation along a padded dim"),
     "scan_over_merged": (lambda x: x.reshape(-1).cumsum(0), "scan along a merged padded dim"),
-    "full_of_length": (lambda x: x + torch.full((1,), x.shape[1]), "used as data"),
 }
 
 
