@@ -8,6 +8,17 @@ real sizes. Dispatch happens here, inside the backend, so Dynamo sees one graph 
 
 When the proof refuses, the graph runs at each call's exact sizes (one program per distinct shape) and the reason is
 logged and counted.
+
+Only sizes that vary are padded. Under `torch.compile(..., dynamic=True)` Dynamo makes every dim symbolic, the
+batch of 2 and the head dim of 8 included, so such a graph is bucketed *adaptively*: a symbol under the default
+policy runs at its exact value while it has had one value (a graph whose every symbol is in that state runs the
+traced graph itself, `exact[...]`); from its second distinct value on it gets its policy. A symbol whose policy
+the user chose (`bucket_dims`, explicit `buckets`) is bucketed from the first call. Graphs made symbolic by Dynamo
+because a size changed (automatic dynamic), by `mark_dynamic`, or by the static-graph generalisation below (which
+makes only the length dims symbolic) hold only sizes known to vary: they are bucketed from the first call.
+
+Per symbol, `BucketStats.symbols` and the counters `bucketing.<graph>.padding_elements.<symbol>` record the input
+elements that lie in the padded region of that symbol's dims (an element padded along two symbols counts for each).
 """
 
 from __future__ import annotations
@@ -40,6 +51,32 @@ def compile_reference(gm: fx.GraphModule, example_inputs: list) -> Callable:
 
 
 @dataclasses.dataclass
+class SymbolStats:
+    """One symbolic size of a bucketed graph: where it is read, its policy, the values it took, its padding."""
+
+    site: str  # e.g. "input 3 [s0, s1], dim 0"
+    policy: str  # e.g. "multiple of 128"
+    adaptive: bool  # exact until it varies (dynamic=True and the default policy)
+    values: set[int] = dataclasses.field(default_factory=set)
+    varied_at_call: int | None = None  # the call (1-based) that brought its second distinct value
+    padding_elements: int = 0  # input elements in the padded region of this symbol's dims
+
+    @property
+    def mode(self) -> str:
+        """How the symbol runs now, in words."""
+        if not self.adaptive:
+            return f"{self.policy} (from the first call)"
+        if self.varied_at_call is None:
+            return f"exact while it has one value (then {self.policy})"
+        return f"{self.policy} (since call {self.varied_at_call})"
+
+    def to_dict(self) -> dict:
+        return {"site": self.site, "policy": self.policy, "mode": self.mode, "distinct_values": len(self.values),
+                "min": min(self.values, default=None), "max": max(self.values, default=None),
+                "padding_elements": self.padding_elements}
+
+
+@dataclasses.dataclass
 class BucketStats:
     """What one bucketed graph did: programs built, calls per bucket, padding waste and refusals."""
 
@@ -49,6 +86,7 @@ class BucketStats:
     real_elements: int = 0
     refusals: list[str] = dataclasses.field(default_factory=list)
     masks: list[str] = dataclasses.field(default_factory=list)
+    symbols: dict[str, SymbolStats] = dataclasses.field(default_factory=dict)  # symbol name -> its stats
 
     @property
     def padding_ratio(self) -> float:
@@ -71,6 +109,7 @@ class BucketStats:
             "padding_waste": round(self.padding_waste, 4),
             "refusals": list(self.refusals),
             "masks_inserted": len(self.masks),
+            "symbols": {name: symbol.to_dict() for name, symbol in self.symbols.items()},
         }
 
 
@@ -99,8 +138,15 @@ def bucket_config(options) -> BucketConfig:
     )
 
 
-def bucketed_graph(gm: fx.GraphModule, config: BucketConfig, compile_static: CompileStatic, name: str):
-    """A `BucketedGraph` for `gm`, or None when its symbolic sizes cannot be bucketed (logged and counted)."""
+def bucketed_graph(gm: fx.GraphModule, config: BucketConfig, compile_static: CompileStatic, name: str,
+                   adaptive: bool | None = None):
+    """A `BucketedGraph` for `gm`, or None when its symbolic sizes cannot be bucketed (logged and counted).
+
+    `adaptive`: pad a default-policy symbol only once it varies; None decides from how Dynamo made the graph
+    symbolic (`every_dim_symbolic`).
+    """
+    if adaptive is None:
+        adaptive = every_dim_symbolic()
     placeholders = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
     try:
         if plan_buckets(placeholders, config) is None:
@@ -110,7 +156,18 @@ def bucketed_graph(gm: fx.GraphModule, config: BucketConfig, compile_static: Com
         counters.bump("bucketing.graphs_refused")
         counters.bump("bucketing.refusals.unbound_symbol")
         return None
-    return BucketedGraph(gm, config, compile_static, name)
+    return BucketedGraph(gm, config, compile_static, name, adaptive=adaptive)
+
+
+def every_dim_symbolic() -> bool:
+    """Whether Dynamo is compiling with every dim symbolic (`torch.compile(..., dynamic=True)`), whether it varies
+    or not; otherwise (automatic dynamic after a size changed, `mark_dynamic`) only the dims known to vary are.
+
+    `dynamic=True` is Dynamo's `assume_static_by_default=False`, patched in while it compiles the frame, which is
+    when the backend builds its graphs (AOTAutograd's backward included; a backward AOTAutograd could only compile
+    later, at its first run, would be bucketed from its first call).
+    """
+    return not torch._dynamo.config.assume_static_by_default
 
 
 # Bucketed graphs generalised from static graphs, by structure: a recompile for a new length finds its programs here.
@@ -140,7 +197,8 @@ def generalized_bucketed_graph(gm: fx.GraphModule, config: BucketConfig, compile
     if structure in _GENERALIZED:
         counters.bump("bucketing.static_graphs_reused")
     else:
-        bucketed = bucketed_graph(symbolic, config, compile_static, name)
+        # Only the length dims were made symbolic, because lengths vary: bucketed from the first call.
+        bucketed = bucketed_graph(symbolic, config, compile_static, name, adaptive=False)
         _GENERALIZED[structure] = bucketed if bucketed is not None and bucketed.proof.safe else None
     shared = _GENERALIZED[structure]
     counters.bump("bucketing.static_graphs_bucketed" if shared is not None else "bucketing.static_graphs_exact")
@@ -160,16 +218,27 @@ class BucketedGraph:
         config: BucketConfig | None = None,
         compile_static: CompileStatic = compile_reference,
         name: str = "graph",
+        adaptive: bool = False,
     ) -> None:
         self.gm = gm
         self.name = name
         self.compile_static = compile_static
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         self._values = [n.meta.get("val") for n in placeholders]
-        self.plan: BucketPlan | None = plan_buckets(self._values, config or BucketConfig())
+        self.plan: BucketPlan | None = plan_buckets(self._values, config or BucketConfig(), adaptive=adaptive)
         if self.plan is None:
             raise ValueError(f"{name} has no symbolic input size; compile it as a static graph")
         self.stats = BucketStats()
+        for symbol in self.plan.symbols:
+            self.stats.symbols[str(symbol)] = SymbolStats(
+                _site(symbol, self.plan.sites[symbol], self._values), self.plan.policies[symbol].describe(),
+                symbol in self.plan.adaptive)
+        self._first: dict[sympy.Symbol, int] = {}  # adaptive symbols: the value of the first call
+        self._varying: set[sympy.Symbol] = set()  # adaptive symbols that took a second value: bucketed from now on
+        self._calls = 0
+        self._input_symbols = [frozenset().union(*(s.node.expr.free_symbols for s in value.shape
+                                                   if isinstance(s, torch.SymInt)))
+                               if isinstance(value, torch.Tensor) else frozenset() for value in self._values]
         self.proof: PaddingProof = prove_padding(gm, self.plan.symbols)
         if self.proof.safe:
             self.stats.masks = list(self.proof.masks)
@@ -202,9 +271,12 @@ class BucketedGraph:
 
     def run(self, *args):
         real = self.plan.bind(args)
-        bucket = self.plan.choose(real) if self.proof.safe else real  # raises beyond max_bucket (unless exact)
+        self._observe(real)
+        # raises beyond max_bucket (unless exact)
+        bucket = self.plan.choose(real, self._varying) if self.proof.safe else real
         beyond = any(p.limit is not None and real[s] > p.limit for s, p in self.plan.policies.items())
-        padded = self.proof.safe and not beyond and tuple(bucket.items()) not in self._failed
+        settled = all(self.plan.settled(s, real[s], self._varying) for s in self.plan.symbols)  # nothing to pad
+        padded = self.proof.safe and not beyond and not settled and tuple(bucket.items()) not in self._failed
         if padded:
             try:
                 program, key = self._program(bucket, padded=True)
@@ -230,6 +302,22 @@ class BucketedGraph:
         program, key = self._program(real, padded=False)
         self._count_call(key)
         return self._outputs_at(program.run(*self._inputs(args, real, real, padded=False)), real, real)
+
+    def _observe(self, real: Mapping[sympy.Symbol, int]) -> None:
+        """Record each symbol's value; an adaptive symbol's second distinct value makes it bucketed from now on."""
+        self._calls += 1
+        for symbol in self.plan.symbols:
+            stats = self.stats.symbols[str(symbol)]
+            stats.values.add(real[symbol])
+            if symbol not in self.plan.adaptive or symbol in self._varying:
+                continue
+            first = self._first.setdefault(symbol, real[symbol])
+            if real[symbol] != first:
+                self._varying.add(symbol)
+                stats.varied_at_call = self._calls
+                counters.bump("bucketing.sizes_varied")
+                log.info("%s: %s varies (%d, then %d): %s from now on", self.name, symbol, first, real[symbol],
+                         stats.policy)
 
     def _count_call(self, key: str) -> None:
         self.stats.calls[key] = self.stats.calls.get(key, 0) + 1
@@ -266,6 +354,7 @@ class BucketedGraph:
             target = [evaluate(s.node.expr, sizes) if isinstance(s, torch.SymInt) else int(s) for s in value.shape]
             if any(isinstance(s, torch.SymInt) for s in value.shape):
                 self._count_elements(_numel(target), arg.numel())
+                self._count_symbol_padding(value, target, real, sizes, self._input_symbols[position])
             layout = layouts[position] if position < len(layouts) else None
             if layout and any(layout):
                 arg = _pad_merged(arg, layout, real, sizes)
@@ -283,6 +372,21 @@ class BucketedGraph:
             counters.bump(f"{prefix}.padded_elements", padded)
             counters.bump(f"{prefix}.real_elements", real)
 
+    def _count_symbol_padding(self, value: torch.Tensor, target: Sequence[int], real: Mapping, sizes: Mapping,
+                              symbols: frozenset) -> None:
+        """Per symbol of this input: the elements in the padded region of its dims (numel at the program's sizes
+        minus numel with that one symbol at its real value)."""
+        total = _numel(target)
+        for symbol in symbols:
+            added = 0
+            if sizes[symbol] != real[symbol]:
+                at_real = {**sizes, symbol: real[symbol]}
+                added = total - _numel([
+                    evaluate(s.node.expr, at_real) if isinstance(s, torch.SymInt) and symbol in s.node.expr.free_symbols
+                    else size for s, size in zip(value.shape, target, strict=True)])
+            self.stats.symbols[str(symbol)].padding_elements += added
+            counters.bump(f"bucketing.{self.name}.padding_elements.{symbol}", added)
+
     def _outputs_at(self, results, real: Mapping, sizes: Mapping) -> list:
         flat = list(results) if isinstance(results, (tuple, list)) else [results]
         factors = self.proof.output_factors if self.proof.safe else []
@@ -296,6 +400,18 @@ class BucketedGraph:
             else:
                 outputs.append(result)
         return outputs
+
+
+def _site(symbol: sympy.Symbol, site, values: Sequence) -> str:
+    """Where a symbol is, for reports: the first tensor input dim that is exactly it, `input 3 [s0, s1], dim 0`
+    (Dynamo also passes sizes as SymInt inputs; `input 0 (a size)` when only such an input holds it)."""
+    for index, value in enumerate(values):
+        if not isinstance(value, torch.Tensor):
+            continue
+        for dim, size in enumerate(value.shape):
+            if isinstance(size, torch.SymInt) and size.node.expr == symbol:
+                return f"input {index} [{', '.join(str(s) for s in value.shape)}], dim {dim}"
+    return f"input {site.index}" + (" (a size)" if site.dim is None else f", dim {site.dim}")
 
 
 def _show(sizes: Mapping[sympy.Symbol, int]) -> str:

@@ -2,7 +2,9 @@
 
 The report lists, per static program (forward, backward or inference graph at one set of shapes): how many aten
 ops there were and how many were lowered, the matmul/convolution/attention FLOPs and how many of them were lowered,
-the number of regions, each fallback op with its reason and count, and the compile time.
+the number of regions, each fallback op with its reason and count, and the compile time. For graphs served from
+buckets it adds the programs, calls and padding waste per graph, and per symbolic size: where it is read, the values
+it took, how it is bucketed (exact while it has one value under dynamic=True) and the padding along it.
 """
 
 from __future__ import annotations
@@ -121,7 +123,29 @@ def _bucketing_lines(graphs: list[GraphReport]) -> list[str]:
     if not rows:
         return []
     return ["", "bucketing (dynamic sizes served from static programs):",
-            *_table(("graph", "programs", "calls per program", "padding waste", "refused because"), rows)]
+            *_table(("graph", "programs", "calls per program", "padding waste", "refused because"), rows),
+            *_symbol_lines(graphs)]
+
+
+def _symbol_lines(graphs: list[GraphReport]) -> list[str]:
+    """One row per symbolic size of each bucketed graph: where it is read, the values it took, how it is bucketed
+    now, and the input elements in its padded region (with their share of every input element processed)."""
+    seen, rows = set(), []
+    for graph in graphs:
+        stats = getattr(graph, "bucket_stats", None)
+        if stats is None or id(stats) in seen:
+            continue
+        seen.add(id(stats))
+        for name, symbol in getattr(stats, "symbols", {}).items():
+            values = sorted(symbol.values)
+            shown = "-" if not values else str(values[0]) if len(values) == 1 else (
+                f"{values[0]}..{values[-1]} ({len(values)} distinct)")
+            padding = f"{symbol.padding_elements} ({_share(symbol.padding_elements, stats.padded_elements)})"
+            rows.append((f"{graph.name}.{graph.kind}", name, symbol.site, shown, symbol.mode, padding))
+    if not rows:
+        return []
+    return ["", "padding by dynamic size (elements of the inputs in the padded region of that size's dims):",
+            *_table(("graph", "size", "read from", "values", "bucketed as", "padding"), rows)]
 
 
 def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:

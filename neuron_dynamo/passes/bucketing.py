@@ -21,13 +21,22 @@ runs at its exact size when `beyond_max_bucket="exact"`. Size 0 maps to 0 (an em
 Per-dimension overrides are keyed by the tensor dimension index where a symbol first appears among the graph inputs
 (dim 0 is the batch of most models, dim 1 the sequence), e.g. `{0: "pow2"}` buckets batch sizes as powers of two
 while sequence lengths keep the default multiple of 128.
+
+**Only what varies is padded.** Under `torch.compile(..., dynamic=True)` every input dim is symbolic, whether it
+varies or not (a batch of 2, a head dim of 8): bucketing those from the first call pads a batch of 2 to 128. So a
+plan built with `adaptive=True` marks the symbols governed by the *default* policy as adaptive: `choose()` gives
+such a symbol its exact value until the caller (`bucket_dispatch.BucketedGraph`, which remembers the values each
+symbol took) reports it `varying`, i.e. after it took a second distinct value; from then on it gets its policy. A
+symbol whose policy the user chose (a `bucket_dims` override of its dim, or an explicit `buckets` list) is never
+adaptive: it is bucketed from the first call. `max_bucket` applies to adaptive symbols too (a size above it raises,
+or runs exact with `beyond_max_bucket="exact"`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
 import sympy
 import torch
@@ -93,6 +102,16 @@ class DimPolicy:
             candidate = math.ceil(size / self.multiple) * self.multiple
         return min(candidate, self.max_bucket) if self.max_bucket is not None else candidate
 
+    def describe(self) -> str:
+        """The policy in a few words, for reports: `multiple of 128`, `pow2`, `exact`, `buckets [256, 512]`."""
+        if self.buckets:
+            text = f"buckets {list(self.buckets)}"
+        elif self.policy == "multiple":
+            text = f"multiple of {self.multiple}"
+        else:
+            text = self.policy
+        return f"{text}, max {self.max_bucket}" if self.max_bucket is not None else text
+
     def enumerate(self, up_to: int) -> list[int]:
         """Every bucket serving sizes 1..up_to (for warm-up and reports)."""
         return sorted({self.bucket(n) for n in range(1, up_to + 1) if self.limit is None or n <= self.limit})
@@ -136,6 +155,11 @@ class BucketConfig:
     def for_dim(self, dim: int | None) -> DimPolicy:
         return self.per_dim.get(dim, self.default) if dim is not None else self.default
 
+    def user_chosen(self, dim: int | None) -> bool:
+        """Whether the user chose the buckets of this dim (a `bucket_dims` override, or an explicit `buckets` list):
+        such a dim is bucketed from its first call, even where only sizes that vary are padded."""
+        return (dim is not None and dim in self.per_dim) or bool(self.for_dim(dim).buckets)
+
 
 def _as_buckets(buckets: Iterable[int]) -> tuple[int, ...]:
     values = tuple(buckets)
@@ -159,6 +183,8 @@ class BucketPlan:
     symbols: tuple[sympy.Symbol, ...]
     sites: Mapping[sympy.Symbol, SymbolSite]
     policies: Mapping[sympy.Symbol, DimPolicy]
+    # Symbols that run at their exact value until they vary (see "Only what varies is padded" above).
+    adaptive: frozenset[sympy.Symbol] = frozenset()
 
     def bind(self, args: Sequence) -> dict[sympy.Symbol, int]:
         """The real value of every symbol, read from the call's arguments."""
@@ -169,9 +195,21 @@ class BucketPlan:
             values[symbol] = int(arg) if site.dim is None else int(arg.shape[site.dim])
         return values
 
-    def choose(self, real: Mapping[sympy.Symbol, int]) -> dict[sympy.Symbol, int]:
-        """The bucket value of every symbol (raises `BucketingError` beyond `max_bucket` unless exact is allowed)."""
-        return {symbol: self.policies[symbol].bucket(real[symbol]) for symbol in self.symbols}
+    def choose(
+        self, real: Mapping[sympy.Symbol, int], varying: Collection[sympy.Symbol] = ()
+    ) -> dict[sympy.Symbol, int]:
+        """The bucket value of every symbol (raises `BucketingError` beyond `max_bucket` unless exact is allowed).
+
+        An adaptive symbol not in `varying` (it has had one value so far) keeps its real value, unless that value
+        is beyond `max_bucket`, where its policy decides (error, or exact).
+        """
+        return {symbol: real[symbol] if self.settled(symbol, real[symbol], varying)
+                else self.policies[symbol].bucket(real[symbol]) for symbol in self.symbols}
+
+    def settled(self, symbol: sympy.Symbol, size: int, varying: Collection[sympy.Symbol] = ()) -> bool:
+        """Whether `symbol` runs at its exact `size`: adaptive, not (yet) varying, and within `max_bucket`."""
+        limit = self.policies[symbol].limit
+        return symbol in self.adaptive and symbol not in varying and (limit is None or size <= limit)
 
 
 def input_exprs(value) -> list[sympy.Expr] | sympy.Expr | None:
@@ -183,9 +221,10 @@ def input_exprs(value) -> list[sympy.Expr] | sympy.Expr | None:
     return None
 
 
-def plan_buckets(example_values: Sequence, config: BucketConfig) -> BucketPlan | None:
+def plan_buckets(example_values: Sequence, config: BucketConfig, adaptive: bool = False) -> BucketPlan | None:
     """A `BucketPlan` for a graph whose inputs have these example values (fake tensors / SymInts from the graph's
-    placeholder metadata); None when no input size is symbolic.
+    placeholder metadata); None when no input size is symbolic. With `adaptive`, the symbols under the default
+    policy (not chosen by the user, `BucketConfig.user_chosen`) run exact until they vary.
 
     Raises `BucketingError` when a symbol appears only inside compound sizes (e.g. only as `2*s0`), because the call
     could not read its value back.
@@ -220,4 +259,5 @@ def plan_buckets(example_values: Sequence, config: BucketConfig) -> BucketPlan |
         symbols=symbols,
         sites={s: sites[s] for s in symbols},
         policies={s: config.for_dim(dims.get(s)) for s in symbols},
+        adaptive=frozenset(s for s in symbols if adaptive and not config.user_chosen(dims.get(s))),
     )

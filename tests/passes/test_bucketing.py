@@ -95,3 +95,25 @@ def test_plan_of_a_static_graph_is_none_and_compound_only_symbols_are_an_error()
     assert str(cat.meta["val"].shape[0]) == "2*s0" or "2*" in str(cat.meta["val"].shape[0])
     with pytest.raises(BucketingError, match="compound"):
         plan_buckets([cat.meta["val"]], BucketConfig())  # an input whose only size is 2*s0
+
+
+def test_adaptive_plan_runs_default_policy_symbols_exact_until_they_vary():
+    """dynamic=True: a default-policy size keeps its value until it varies; a `bucket_dims` dim is bucketed at once."""
+    inputs = [torch.randn(2, 7, 4), torch.ones(2, 7)]
+    gm = symbolic_graph(lambda x, m: x * m.unsqueeze(-1), inputs, {0: [0, 1], 1: [0, 1]})
+    values = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
+    batch, length = (values[0].shape[0].node.expr, values[0].shape[1].node.expr)
+    plain = plan_buckets(values, BucketConfig(), adaptive=True)
+    assert plain.adaptive == {batch, length}
+    real = {batch: 3, length: 100}
+    assert plain.choose(real) == real
+    assert plain.choose(real, varying={length}) == {batch: 3, length: 128}
+    chosen = plan_buckets(values, BucketConfig.from_options(per_dim={0: "pow2"}), adaptive=True)
+    assert chosen.adaptive == {length} and chosen.choose(real) == {batch: 4, length: 100}
+    assert plan_buckets(values, BucketConfig.from_options(buckets=[64, 256]), adaptive=True).adaptive == frozenset()
+    assert plan_buckets(values, BucketConfig()).adaptive == frozenset()  # not adaptive: bucketed from the first call
+    capped = plan_buckets(values, BucketConfig.from_options(max_bucket=64), adaptive=True)
+    with pytest.raises(BucketingError, match="largest bucket"):
+        capped.choose(real)  # max_bucket bounds an exact size too
+    assert DimPolicy(multiple=64, max_bucket=512).describe() == "multiple of 64, max 512"
+    assert DimPolicy(buckets=(8, 16)).describe() == "buckets [8, 16]"
