@@ -239,11 +239,8 @@ class BucketedGraph:
         self._input_symbols = [frozenset().union(*(s.node.expr.free_symbols for s in value.shape
                                                    if isinstance(s, torch.SymInt)))
                                if isinstance(value, torch.Tensor) else frozenset() for value in self._values]
-        self.proof: PaddingProof = prove_padding(gm, self.plan.symbols)
-        if self.proof.safe:
-            self.stats.masks = list(self.proof.masks)
-        else:
-            self._refuse(self.proof.reason)
+        self._proofs: dict[tuple[sympy.Symbol, ...], PaddingProof] = {}
+        self.proof: PaddingProof = self._proof_for(self._padded_symbols())
         output = next(n for n in gm.graph.nodes if n.op == "output")
         self._outputs = [leaf.meta.get("val") if isinstance(leaf, fx.Node) else leaf for leaf in graph_outputs(output)]
         self._programs: dict[tuple, _Program] = {}
@@ -254,6 +251,27 @@ class BucketedGraph:
     @property
     def programs(self) -> dict[tuple, _Program]:
         return self._programs
+
+    def _padded_symbols(self) -> tuple[sympy.Symbol, ...]:
+        """The symbols padded now: all but the adaptive ones that have not varied yet (those run at their value)."""
+        return tuple(s for s in self.plan.symbols if s not in self.plan.adaptive or s in self._varying)
+
+    def _proof_for(self, symbols: tuple[sympy.Symbol, ...]) -> PaddingProof:
+        """The padding proof over `symbols` (the others are specialised to their exact values), made once per set:
+        a head dim that never varies must not make the proof refuse padding the length. A proof over more symbols
+        serves too (a symbol at its exact size pads nothing), so when the set alone is refused, all of them are
+        tried."""
+        if symbols not in self._proofs:
+            proof = prove_padding(self.gm, symbols)
+            if not proof.safe and symbols != self.plan.symbols:
+                everything = self._proofs.get(self.plan.symbols) or prove_padding(self.gm, self.plan.symbols)
+                proof = everything if everything.safe else proof
+            self._proofs[symbols] = proof
+            if proof.safe:
+                self.stats.masks = list(proof.masks)
+            else:
+                self._refuse(proof.reason)
+        return self._proofs[symbols]
 
     def _refuse(self, reason: str) -> None:
         log.info("%s: padding refused, running at exact shapes: %s", self.name, reason)
@@ -272,6 +290,7 @@ class BucketedGraph:
     def run(self, *args):
         real = self.plan.bind(args)
         self._observe(real)
+        self.proof = self._proof_for(self._padded_symbols())
         # raises beyond max_bucket (unless exact)
         bucket = self.plan.choose(real, self._varying) if self.proof.safe else real
         beyond = any(p.limit is not None and real[s] > p.limit for s, p in self.plan.policies.items())
@@ -326,7 +345,8 @@ class BucketedGraph:
         counters.bump(f"bucketing.{self.name}.calls.{key}")
 
     def _program(self, sizes: Mapping[sympy.Symbol, int], padded: bool) -> tuple[_Program, str]:
-        key = ("bucket" if padded else "exact", *(sizes[s] for s in self.plan.symbols))
+        key = ("bucket" if padded else "exact", *(sizes[s] for s in self.plan.symbols),
+               *(("padding", *map(str, self.proof.symbols)) if padded else ()))
         shown = f"{key[0]}[{_show(sizes)}]"
         if key not in self._programs:
             start = time.perf_counter()
@@ -362,7 +382,7 @@ class BucketedGraph:
                 arg = _pad_to(arg, target)
             program_inputs.append(arg)
         if padded:
-            program_inputs.extend(torch.tensor(real[s], dtype=torch.int64) for s in self.plan.symbols)
+            program_inputs.extend(torch.tensor(real[s], dtype=torch.int64) for s in self.proof.symbols)
         return program_inputs
 
     def _count_elements(self, padded: int, real: int) -> None:

@@ -142,3 +142,24 @@ def test_adversarial_training_gradients_match_eager(build, dynamic):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, msg=f"length {length}")
     stats = neuron_dynamo.stats()
     assert stats.get("graphs_failed", 0) == 0 and stats.get("bucketing.graphs_refused", 0) == 0, stats
+
+
+@pytest.mark.parametrize("dynamic", [None, True], ids=["default", "dynamic"])
+def test_causal_attention_of_separately_sized_queries_and_keys(dynamic):
+    """Distinct length symbols: torch's top-left causal mask becomes explicit, and the padded keys are masked."""
+    attention = torch.nn.functional.scaled_dot_product_attention
+    fn = lambda q, k, v: attention(q, k, v, is_causal=True)  # noqa: E731
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="neuron", dynamic=dynamic)
+    neuron_dynamo.reset_stats()
+    for lq, lk in ((5, 5), (37, 37), (7, 9), (9, 7), (130, 5), (3, 140)):
+        q = torch.randn(1, 2, lq, H, requires_grad=True)
+        k, v = (torch.randn(1, 2, lk, H, requires_grad=True) for _ in range(2))
+        expected = fn(q, k, v)
+        grads = torch.autograd.grad(expected.square().sum(), (q, k, v))
+        got = compiled(q, k, v)
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4, msg=f"{lq}x{lk}")
+        for g, e in zip(torch.autograd.grad(got.square().sum(), (q, k, v)), grads, strict=True):
+            torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-4, msg=f"grad {lq}x{lk}")
+    stats = neuron_dynamo.stats()
+    assert stats.get("graphs_failed", 0) == 0 and not stats.get("bucketing.graphs_refused"), stats

@@ -43,7 +43,9 @@ Rules, over a padded dim (`mask` = the analysis inserts `masked_fill(pad region,
 | var, std | refuse |
 | softmax, log_softmax | mask the input to -inf (pad of the result: 0 / -inf); backward: mask operands to 0 |
 | attention (SDPA fwd/bwd) | causal self-attention, both lengths padded by one symbol: safe for real queries. |
-|   | Else mask the padded keys with -inf. Padded keys/values zeroed; backward zeroes padded queries' grad/out/lse |
+|   | Else mask the padded keys with -inf (causal over different length symbols: the top-left causal mask made |
+|   | explicit first). Padded keys/values zeroed; backward zeroes padded queries' grad/out/lse. A padded head dim: |
+|   | refuse (the default scale). Only the symbols that vary are proven over (bucket_dispatch.py) |
 | cumsum, cumprod, cummax | safe (right padding: a real position sees only earlier real positions); merged dim: refuse |
 | sort, argsort, topk, median, mode | refuse (padding would move into real positions) |
 | unique, nonzero, masked_select | refuse (the output size would count padding) |

@@ -246,13 +246,32 @@ def _attention(self: Analysis, node: fx.Node):
         self.mask_padded(node, value, 0.0, why, unless=SAFE_IN_PRODUCTS)
         same_length = query_dims[-2] is not None and sympy.expand(query_dims[-2].expr - key_dims[-2].expr) == 0
         if not (causal and same_length and attn_mask is None):
+            names = [a.name for a in node.target._schema.arguments]
             if causal:
-                self.refuse(node, "causal attention with padded keys of a different length than the queries")
+                attn_mask = _explicit_causal(self, node, query, key, attn_mask, names.index("is_causal"))
             new_mask = _key_padding_mask(self, node, key, attn_mask, _dtype(query))
-            index = [a.name for a in node.target._schema.arguments].index(mask_name)
-            _set_arg(node, index, mask_name, new_mask)
+            _set_arg(node, names.index(mask_name), mask_name, new_mask)
             self.masks.append(f"{node.name}: padded keys masked with -inf")
     return self._unpadded_outputs(node)
+
+
+def _explicit_causal(self: Analysis, node: fx.Node, query: fx.Node, key: fx.Node, attn_mask, causal_index: int):
+    """`is_causal` of queries and keys of different (or unrelated) lengths as an explicit top-left mask, to which
+    the key padding is then added: torch's causal mask lets query i see keys j <= i, which in a bucket may be
+    padding when the real queries outnumber the real keys."""
+    if attn_mask is not None:
+        self.refuse(node, "causal attention with an explicit mask over padded keys")
+    with self.graph.inserting_before(node):
+        rows = self.graph.call_function(aten.arange.default, (self.sym(_exprs(query)[-2]),))
+        cols = self.graph.call_function(aten.arange.default, (self.sym(_exprs(key)[-2]),))
+        visible = self.graph.call_function(aten.ge.Tensor, (self.graph.call_function(aten.view.default, (
+            rows, [-1, 1])), self.graph.call_function(aten.view.default, (cols, [1, -1]))))
+        neg = self.graph.call_function(aten.scalar_tensor.default, (-math.inf,), {"dtype": _dtype(query)})
+        zero = self.graph.call_function(aten.scalar_tensor.default, (0.0,), {"dtype": _dtype(query)})
+        mask = self.graph.call_function(aten.where.self, (visible, zero, neg))
+    _set_arg(node, causal_index, "is_causal", False)
+    self.masks.append(f"{node.name}: causal attention over padded keys as an explicit mask")
+    return mask
 
 
 def _refuse_padded_head_dim(self: Analysis, node: fx.Node, query_dims, key_dims) -> None:
@@ -280,7 +299,7 @@ def _attention_backward(self: Analysis, node: fx.Node):
         attn_mask = args.get("attn_mask")
         if not (args["is_causal"] and same_length and attn_mask is None):
             if args["is_causal"]:
-                self.refuse(node, "causal attention with padded keys of a different length than the queries")
+                attn_mask = _explicit_causal(self, node, query, key, attn_mask, 7)
             new_mask = _key_padding_mask(self, node, node.args[2] if len(node.args) > 2 else key, attn_mask,
                                          _dtype(query))
             _set_arg(node, 8, "attn_mask", new_mask)
