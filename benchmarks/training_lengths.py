@@ -5,9 +5,10 @@
 
 Each tiny random-weight model (tests/hf/tiny_models.py, built from its Transformers config) is trained the way a
 user calls it: `torch.compile(model, backend="neuron")` with no options, `model(input_ids=ids, labels=ids).loss
-.backward()`, batch 2, at lengths drawn uniformly from 1..600 (fixed seed; capped at the model's position table).
+.backward()`, batch 2, at lengths drawn uniformly from 1..600 (fixed seed; the position table grown to 600).
 Every step's parameter gradients are compared with eager's. The table gives the bucket programs the forward and the
-backward graphs compiled (the first call of a process is a static graph: it is counted apart, as `static`),
+backward graphs compiled, per graph (a model with graph breaks has several; the first call of a process is a static
+graph: it is counted apart, as `static`),
 refusals, graphs that failed and ran eagerly, and the largest gradient difference. Wall times are this CPU's.
 """
 
@@ -25,17 +26,25 @@ import torch
 import neuron_dynamo
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "hf"))
-from tiny_models import tiny_causal_lm  # noqa: E402
+import transformers  # noqa: E402
+from tiny_models import tiny_causal_lm_config  # noqa: E402
+
+
+def tiny_model(model_type: str, positions: int, seed: int) -> torch.nn.Module:
+    """The tiny config of `model_type`, its position table grown to `positions` (tiny configs hold 256)."""
+    config = tiny_causal_lm_config(model_type)
+    for name in ("n_positions", "max_position_embeddings"):
+        if getattr(config, name, None) is not None:
+            setattr(config, name, max(getattr(config, name), positions))
+    torch.manual_seed(seed)
+    return transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).train()
 
 
 def run(model_type: str, count: int, max_length: int, seed: int) -> dict:
-    torch.manual_seed(seed)
-    model = tiny_causal_lm(model_type).train()
+    model = tiny_model(model_type, max_length, seed)
     config = model.config
-    limit = min(max_length, getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
-                or max_length)
     rng = random.Random(seed)
-    lengths = [rng.randint(1, limit) for _ in range(count)]
+    lengths = [rng.randint(1, max_length) for _ in range(count)]
     torch._dynamo.reset()
     neuron_dynamo.reset_stats()
     compiled = torch.compile(model, backend="neuron")
@@ -52,11 +61,13 @@ def run(model_type: str, count: int, max_length: int, seed: int) -> dict:
             if name in expected:
                 worst = max(worst, (p.grad - expected[name]).abs().max().item())
     stats = neuron_dynamo.stats()
-    programs = lambda kind: sum(v for k, v in stats.items()  # noqa: E731
-                                if k.startswith("bucketing.graph") and k.endswith(f".{kind}.programs"))
+    per_graph = lambda kind: [v for k, v in stats.items()  # noqa: E731
+                              if k.startswith("bucketing.graph") and k.endswith(f".{kind}.programs")]
     return {
         "model": model_type, "lengths": len(lengths), "min_length": min(lengths), "max_length": max(lengths),
-        "forward_programs": programs("forward"), "backward_programs": programs("backward"),
+        "graphs": len(per_graph("forward")),
+        "forward_programs_per_graph": max(per_graph("forward"), default=0),
+        "backward_programs_per_graph": max(per_graph("backward"), default=0),
         "static_programs": stats.get("programs_compiled", 0) - stats.get("bucketing.programs", 0),
         "refused": stats.get("bucketing.graphs_refused", 0), "graphs_failed": stats.get("graphs_failed", 0),
         "max_grad_diff": worst, "seconds": round(time.perf_counter() - start, 1),
