@@ -163,3 +163,33 @@ def test_causal_attention_of_separately_sized_queries_and_keys(dynamic):
             torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-4, msg=f"grad {lq}x{lk}")
     stats = neuron_dynamo.stats()
     assert stats.get("graphs_failed", 0) == 0 and not stats.get("bucketing.graphs_refused"), stats
+
+
+def _conv_model(kind):
+    torch.manual_seed(0)
+    if kind == "k1":
+        conv = torch.nn.Conv1d(H, H, 1)
+        return conv, lambda x: conv(x.transpose(1, 2)).transpose(1, 2)
+    if kind == "same":
+        conv = torch.nn.Conv1d(H, H, 3, padding=1)
+        return conv, lambda x: conv(x.transpose(1, 2)).transpose(1, 2)
+    conv = torch.nn.Conv1d(H, H, 4, groups=H)  # Mamba's causal depthwise conv: left-pad by k - 1
+    return conv, lambda x: conv(torch.nn.functional.pad(x.transpose(1, 2), (3, 0))).transpose(1, 2)
+
+
+@pytest.mark.parametrize("kind", ["k1", "same", "causal"])
+def test_convolutions_over_the_length_are_bucketed_forward_and_backward(kind):
+    conv, fn = _conv_model(kind)
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="neuron")
+    neuron_dynamo.reset_stats()
+    for length in (5, 37, 130, 9):
+        x = torch.randn(2, length, H, requires_grad=True)
+        expected = fn(x)
+        grads = torch.autograd.grad(expected.tanh().sum(), (x, *conv.parameters()))
+        got = compiled(x)
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4, msg=f"length {length}")
+        for g, e in zip(torch.autograd.grad(got.tanh().sum(), (x, *conv.parameters())), grads, strict=True):
+            torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-4, msg=f"grad at {length}")
+    stats = neuron_dynamo.stats()
+    assert stats.get("graphs_failed", 0) == 0 and not stats.get("bucketing.graphs_refused"), stats

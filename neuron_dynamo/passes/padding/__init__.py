@@ -35,7 +35,8 @@ Rules, over a padded dim (`mask` = the analysis inserts `masked_fill(pad region,
 |   | index or (unpadded) end computed from a dynamic size (`table[x.shape[1] - 1]`), of any tensor: refuse |
 | cat / split, unbind | along unpadded dims safe; along a padded dim only the last operand may be padded / refuse |
 | stack | safe: the new dim is unpadded, the others keep the operands' pads (mixed kinds: UNKNOWN) |
-| constant_pad_nd | right padding of a padded dim: the fill is moved to the real end (mask) |
+| constant_pad_nd | right padding of a padded dim: the fill is moved to the real end (mask); a crop at the start |
+|   | (negative left pad: a causal conv's backward) keeps the tail; a crop at the end: refuse |
 | mm, bmm, addmm, baddbmm, mv, dot | contraction safe when one operand's pad is ZERO and the other's ZERO or FINITE; |
 |   | else mask operands to 0 |
 | sum, any / amax, max, argmax, logsumexp | need the neutral pad 0 / -inf, else mask to it (+inf: min, 1: prod) |
@@ -49,7 +50,9 @@ Rules, over a padded dim (`mask` = the analysis inserts `masked_fill(pad region,
 | cumsum, cumprod, cummax | safe (right padding: a real position sees only earlier real positions); merged dim: refuse |
 | sort, argsort, topk, median, mode | refuse (padding would move into real positions) |
 | unique, nonzero, masked_select | refuse (the output size would count padding) |
-| layer norm, batch norm (eval), conv | safe when the normalised / convolved dims are unpadded; LN backward masks to 0 |
+| layer norm, batch norm (eval) | safe when the normalised dims are unpadded; LN backward masks to 0 |
+| convolution (+ backward) | stride 1, not transposed: any kernel, conv padding and dilation over a padded spatial dim |
+|   | (input pad set to 0); backward zeroes grad_out's and the input's pad; padded channels or batch (bwd): refuse |
 | embedding (+ backward) | padded indices are valid rows (pad 0); backward masks padded gradient rows to 0 |
 | index, index_select, gather | along a padded dim only with an index bounded by that dim (derived from `arange`) |
 |   | indices into an unpadded dim (embedding too) whose pad is not 0 (`arange(s)` position ids): pad set to 0 |

@@ -332,7 +332,45 @@ def _batch_norm_eval(self: Analysis, node: fx.Node):
     return self.independent(node, node.args[0], [1], "batch norm")
 
 
+def _conv_spatial(self: Analysis, node: fx.Node, source, stride, transposed, weight) -> list[int]:
+    """The padded spatial dims of a convolution's input, refusing what the rule does not cover.
+
+    With stride 1, output position t reads input positions t - p + j·d (kernel tap j, conv padding p, dilation d):
+    a real output reads nothing beyond the real input plus the conv's own p zeros, which the padded input holds as
+    long as its pad is 0. So right padding is safe for any kernel size (k = 1, a causal conv fed a left-padded
+    input, 'same' padding) once the input's pad is zero."""
+    dims = self.dims(source)
+    if not dims:
+        return []
+    if dims[1] is not None or any(d is not None for d in self.dims(weight)):
+        self.refuse(node, "a convolution mixing a padded channel dim")
+    padded = [i for i in range(2, len(dims)) if dims[i] is not None]
+    if padded and (transposed or any(s != 1 for s in stride)):
+        self.refuse(node, "a strided or transposed convolution over a padded spatial dim")
+    if any(d is not None and not d.is_tail for d in dims[2:]):
+        self.refuse(node, "a convolution over a merged padded dim")
+    return padded
+
+
 @rule(aten.convolution)
 def _convolution(self: Analysis, node: fx.Node):
-    rank = len(_exprs(node.args[0]))
-    return self.independent(node, node.args[0], list(range(1, rank)), "convolution")
+    source, weight = node.args[0], node.args[1]
+    padded = _conv_spatial(self, node, source, node.args[3], node.args[6], weight)
+    if any(self.dims(source)[i].kind is not Pad.ZERO for i in padded):
+        self.mask(node, source, padded, 0.0, "convolution over a padded dim: pad set to 0")
+    return self.out(node)
+
+
+@rule(aten.convolution_backward)
+def _convolution_backward(self: Analysis, node: fx.Node):
+    """grad_input reads grad_out within reach of each real position (its pad must be the 0 eager pads with);
+    grad_weight and grad_bias sum over every position: grad_out's pad and the input's pad zeroed."""
+    grad_out, source, weight = node.args[0], node.args[1], node.args[2]
+    padded = _conv_spatial(self, node, source, node.args[4], node.args[7], weight)
+    if self.dims(grad_out) and any(d is not None for d in self.dims(grad_out)[:2]):
+        self.refuse(node, "a convolution backward with a padded batch or channel dim")
+    if padded:
+        why = "convolution backward over a padded dim: pads set to 0"
+        self.mask_padded(node, grad_out, 0.0, why, unless=(Pad.ZERO,))
+        self.mask_padded(node, source, 0.0, why, unless=(Pad.ZERO,))
+    return self._unpadded_outputs(node)

@@ -272,8 +272,8 @@ def _constant_pad(self: Analysis, node: fx.Node):
         right = _const_int(self, node, pads[2 * k + 1], "the pad width")
         if out[d] is None:
             continue
-        if left < 0 or right < 0:
-            self.refuse(node, "negative padding crops a padded dim")
+        if right < 0 or (left < 0 and not out[d].is_tail):  # a crop at the start keeps the pad at the tail
+            self.refuse(node, "negative padding crops the end of a padded dim")
         out[d] = DimPad(dst[d], out[d].kind)
         if right > 0:
             needs_fill.append((d, src[d] + left))
