@@ -66,3 +66,8 @@ def fake_neuronx_cc(tmp_path, monkeypatch):
     monkeypatch.setattr("neuron_dynamo.toolchain.targets.nki_toolchain_info",
                         lambda: {"genuine": True, "provider": "nki", "version": "0.6.0", "target": "trn2"})
     return log
+
+
+def pytest_addoption(parser):
+    parser.addoption("--fuzz-long", action="store_true", default=False,
+                     help="tests/passes/test_padding_fuzz.py: many random examples (not derandomized), and a summary")

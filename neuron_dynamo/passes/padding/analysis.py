@@ -399,6 +399,8 @@ class Analysis:
                 node = self.graph.call_function(
                     aten.div.Tensor_mode, (self.real(expr.args[0]), self.real(expr.args[1])), {"rounding_mode": "floor"}
                 )
+            elif expr.is_Symbol and expr not in self.symbol_set:  # a size not padded: its value is the real one
+                node = self.graph.call_function(aten.scalar_tensor.default, (self.sym(expr),), {"dtype": torch.int64})
             elif expr.is_Number:  # a float or rational constant of a float size expression
                 node = self.graph.call_function(aten.scalar_tensor.default, (float(expr),), {"dtype": torch.float64})
             elif type(expr).__name__ in ("ToFloat", "TruncToFloat") or (

@@ -97,6 +97,8 @@ def _reduction(self: Analysis, node: fx.Node):
     padded = [d for d in reduced if state.dims[d] is not None]
     if packet is aten.linalg_vector_norm and padded and not (args.get("ord", 2) > 0):
         self.refuse(node, "a norm of non-positive order over a padded dim")
+    if packet in (aten.argmax, aten.argmin) or (packet in (aten.max, aten.min) and args.get("dim") is not None):
+        _check_index_numbering(self, node, state, sorted(reduced), padded)
     neutral = _NEUTRAL[packet]
     neutral_kind = _classify_scalar(neutral)
     to_mask = [d for d in padded if state.dims[d].kind != neutral_kind or neutral_kind == Pad.FINITE]
@@ -112,6 +114,18 @@ def _reduction(self: Analysis, node: fx.Node):
     if packet is aten.mean and padded:
         self.state[_mean_as_sum(self, node, args, reduced)] = result
     return result
+
+
+def _check_index_numbering(self: Analysis, node: fx.Node, state, reduced: list[int], padded: list[int]) -> None:
+    """An index result (argmax, max.dim's indices) numbers positions across the reduced dims, row-major: it is the
+    real one only if padding sits after every real position, i.e. only the outermost reduced dim, or the outermost
+    factor of a merged one, is padded."""
+    for d in padded:
+        dim = state.dims[d]
+        outermost = d == reduced[0] and (dim.is_tail or not any(self.is_padded(part) for part in dim.parts[1:]))
+        if not outermost:
+            self.refuse(node, f"{node.target.overloadpacket.__name__} returns positions numbered across a padded "
+                              "dim that is not the outermost: padded positions would shift the real ones")
 
 
 def _mean_as_sum(self: Analysis, node: fx.Node, args: dict, reduced: list[int]) -> fx.Node:
