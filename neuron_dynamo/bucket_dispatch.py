@@ -293,6 +293,9 @@ class BucketedGraph:
         self.proof = self._proof_for(self._padded_symbols())
         # raises beyond max_bucket (unless exact)
         bucket = self.plan.choose(real, self._varying) if self.proof.safe else real
+        for symbol, limit in self.proof.limits.items():  # never beyond what the graph can slice: clamped
+            if real[symbol] <= limit < bucket[symbol]:
+                bucket[symbol] = limit
         beyond = any(p.limit is not None and real[s] > p.limit for s, p in self.plan.policies.items())
         settled = all(self.plan.settled(s, real[s], self._varying) for s in self.plan.symbols)  # nothing to pad
         padded = self.proof.safe and not beyond and not settled and tuple(bucket.items()) not in self._failed

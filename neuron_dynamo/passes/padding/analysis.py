@@ -77,7 +77,7 @@ def _prove(gm: fx.GraphModule, symbols: tuple[sympy.Symbol, ...], merged_inputs:
         return PaddingProof(safe=False, graph=None, symbols=symbols, reason=reason)
     return PaddingProof(
         safe=True, graph=analysis.gm, symbols=symbols, masks=analysis.masks, output_factors=analysis.output_factors,
-        input_factors=analysis.input_factors,
+        input_factors=analysis.input_factors, limits=analysis.limits,
     )
 
 
@@ -118,6 +118,7 @@ class Analysis:
         self.gm = gm
         self.merged_inputs = merged_inputs
         self.input_factors: list = []
+        self.limits: dict[sympy.Symbol, int] = {}  # the largest bucket of a symbol (a buffer sliced by it)
         self.graph = gm.graph
         self.symbols = symbols
         self.symbol_set = set(symbols)
@@ -324,6 +325,17 @@ class Analysis:
             a.name: a.default_value for a in node.target._schema.arguments if a.has_default_value()
         }
         return {**schema_defaults, **normalized.kwargs}
+
+    def limit_size(self, node: fx.Node, expr: sympy.Expr, limit: int) -> None:
+        """`expr` (a bucketed size) must not exceed `limit` at the bucket: a slice of a `limit`-long buffer would be
+        cut short. Recorded per symbol when `expr` is `symbol + constant` (other forms: a bucket too large for the
+        buffer fails to trace, and that bucket runs exact)."""
+        symbols = expr.free_symbols & self.symbol_set
+        offset = expr - next(iter(symbols)) if len(symbols) == 1 else None
+        if offset is None or not sympy.sympify(offset).is_Integer:
+            return
+        symbol = next(iter(symbols))
+        self.limits[symbol] = min(self.limits.get(symbol, limit - int(offset)), limit - int(offset))
 
     def refuse(self, node: fx.Node, why: str):
         raise PaddingRefused(f"{_op_name(node.target)} ({node.name}): {why}")

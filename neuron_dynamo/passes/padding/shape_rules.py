@@ -179,6 +179,8 @@ def _slice(self: Analysis, node: fx.Node):
         exact_tail = padded_src and sympy.expand(src[dim] - start - dst[dim]) == 0
         kind = out[dim].kind if exact_tail and step == 1 else Pad.UNKNOWN
         out[dim] = DimPad(dst[dim], kind)
+        if not self.is_padded(src[dim]) and src[dim].is_Integer and step == 1:
+            self.limit_size(node, dst[dim], int(src[dim]) - start)  # `buffer[:, :s]`: s may not pass the buffer
     else:
         out[dim] = None
     return TensorPad(tuple(out), state.bound if state else None)

@@ -90,6 +90,8 @@ class PaddingProof:
     output_factors: list[list[tuple[sympy.Expr, ...] | None] | None] = dataclasses.field(default_factory=list)
     # The same per graph input (placeholder): how the caller pads it (a merged dim is padded factor by factor).
     input_factors: list[list[tuple[sympy.Expr, ...] | None] | None] = dataclasses.field(default_factory=list)
+    # The largest bucket per symbol (`buffer[:, :s]` of a 600-long buffer: a 640 bucket would be cut to 600).
+    limits: dict[sympy.Symbol, int] = dataclasses.field(default_factory=dict)
 
 
 Rule = Callable[..., object]  # rule(analysis, node) -> the output state
