@@ -109,14 +109,21 @@ def _cache_lines(graphs: list[GraphReport]) -> list[str]:
             f"bypass(es), {totals['seconds_saved']:.3f} s saved" + (f" ({per_graph})" if per_graph else "")]
 
 
-def _bucketing_lines(graphs: list[GraphReport]) -> list[str]:
-    """One row per bucketed graph: programs, calls per bucket, padding waste, and why padding was refused."""
-    seen, rows = set(), []
+def _bucketed(graphs: list[GraphReport]) -> list[tuple[GraphReport, object]]:
+    """Each bucketed graph once (its specialisations share one BucketStats), with its stats."""
+    seen, found = set(), []
     for graph in graphs:
         stats = getattr(graph, "bucket_stats", None)
-        if stats is None or id(stats) in seen:
-            continue
-        seen.add(id(stats))
+        if stats is not None and id(stats) not in seen:
+            seen.add(id(stats))
+            found.append((graph, stats))
+    return found
+
+
+def _bucketing_lines(graphs: list[GraphReport]) -> list[str]:
+    """One row per bucketed graph: programs, calls per bucket, padding waste, and why padding was refused."""
+    rows = []
+    for graph, stats in _bucketed(graphs):
         calls = ", ".join(f"{key}: {count}" for key, count in stats.calls.items())
         rows.append((f"{graph.name}.{graph.kind}", str(len(stats.programs)), calls or "-",
                      f"{100 * stats.padding_waste:.1f}%", "; ".join(stats.refusals) or "-"))
@@ -130,12 +137,8 @@ def _bucketing_lines(graphs: list[GraphReport]) -> list[str]:
 def _symbol_lines(graphs: list[GraphReport]) -> list[str]:
     """One row per symbolic size of each bucketed graph: where it is read, the values it took, how it is bucketed
     now, and the input elements in its padded region (with their share of every input element processed)."""
-    seen, rows = set(), []
-    for graph in graphs:
-        stats = getattr(graph, "bucket_stats", None)
-        if stats is None or id(stats) in seen:
-            continue
-        seen.add(id(stats))
+    rows = []
+    for graph, stats in _bucketed(graphs):
         for name, symbol in getattr(stats, "symbols", {}).items():
             values = sorted(symbol.values)
             shown = "-" if not values else str(values[0]) if len(values) == 1 else (
