@@ -116,7 +116,8 @@ _FILLS = {"aten.full": ("fill_value",), "aten.full_like": ("fill_value",), "aten
 class Analysis:
     def __init__(self, gm: fx.GraphModule, symbols: tuple[sympy.Symbol, ...], merged_inputs: bool = False) -> None:
         self.gm = gm
-        self.merged_inputs = merged_inputs
+        # merged input layouts (`2*s` padded as [2, s]): the symbols' nesting order, walked over the inputs once
+        self.merged_order = _outer_first(gm, symbols) if merged_inputs else None
         self.input_factors: list = []
         self.limits: dict[sympy.Symbol, int] = {}  # the largest bucket of a symbol (a buffer sliced by it)
         self.graph = gm.graph
@@ -183,9 +184,8 @@ class Analysis:
             self.input_factors.append(None)
             return None
         state = self._fresh(exprs, Pad.ZERO)
-        if self.merged_inputs:
-            order = _outer_first(self.gm, self.symbols)
-            state = TensorPad(tuple(dataclasses.replace(d, parts=merged_factors(d.expr, order))
+        if self.merged_order is not None:
+            state = TensorPad(tuple(dataclasses.replace(d, parts=merged_factors(d.expr, self.merged_order))
                                     if d is not None else None for d in state.dims), state.bound)
         self.input_factors.append([d.parts if d is not None else None for d in state.dims])
         return state
