@@ -30,7 +30,7 @@ import torch.fx as fx
 
 from neuron_dynamo.errors import NeuronDynamoError
 from neuron_dynamo.lowering.codegen import GroupSpec, Ref, Step, emitter_for
-from neuron_dynamo.lowering.fusion import FusedKernel, match_strides
+from neuron_dynamo.lowering.generated import FusedKernel, match_strides
 from neuron_dynamo.lowering.patterns import PATTERN_KERNELS, PatternKernel
 from neuron_dynamo.lowering.registry import Kernel, kernel_for, op_name
 

@@ -40,6 +40,7 @@ NKI_DTYPES = {
     torch.int64: "int32", torch.int16: "int16", torch.int8: "int8", torch.uint8: "uint8", torch.bool: "uint8",
 }
 INT32_RANGE = (-(2**31), 2**31 - 1)
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # what the engines compute in
 
 
 class CodegenError(NeuronDynamoError):
@@ -200,15 +201,23 @@ def _literal(value: Any) -> str:
 
 # An element-wise op's emitter: (emitter, out dtype, *operands, **kwargs) -> Tile (operands: Tiles or constants).
 ElementwiseEmitter = Callable[..., Tile]
+STEP_ARGS: dict[Any, Callable[..., tuple]] = {}
 EMITTERS: dict[Any, ElementwiseEmitter] = {}
 
 
-def emits(*ops: Any) -> Callable[[ElementwiseEmitter], ElementwiseEmitter]:
-    """Register the NKI emitter of the element-wise ops `ops` (packets)."""
+def emits(
+    *ops: Any, step_args: Callable[..., tuple] | None = None,
+) -> Callable[[ElementwiseEmitter], ElementwiseEmitter]:
+    """Register the NKI emitter of the element-wise ops `ops` (packets).
+
+    `step_args(op, args, kwargs) -> args` turns a call's arguments into the emitter's, for ops whose tensor
+    arguments only lend a shape (`zeros_like(x)` writes a constant: x must not become a kernel input)."""
 
     def register(fn: ElementwiseEmitter) -> ElementwiseEmitter:
         for op in ops:
             EMITTERS[op] = fn
+            if step_args is not None:
+                STEP_ARGS[op] = step_args
         return fn
 
     return register
@@ -217,6 +226,12 @@ def emits(*ops: Any) -> Callable[[ElementwiseEmitter], ElementwiseEmitter]:
 def emitter_for(op: Any) -> ElementwiseEmitter | None:
     packet = getattr(op, "overloadpacket", op)
     return EMITTERS.get(packet)
+
+
+def step_args(op: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """The arguments of `op`'s emitter for one call (`emits(step_args=...)`; by default the call's own)."""
+    convert = STEP_ARGS.get(getattr(op, "overloadpacket", op))
+    return (convert(op, args, kwargs), {}) if convert is not None else (args, kwargs)
 
 
 # ------------------------------------------------------------------------------------------------ source generation

@@ -5,7 +5,6 @@ On the NKI targets each op here has an *emitter* (`codegen.emits`) that writes i
 the same generator applied to a single op (what a lone call of the op runs).
 """
 
-import functools
 import math
 
 import torch
@@ -13,6 +12,9 @@ import torch.fx as fx
 
 from neuron_dynamo.lowering import codegen
 from neuron_dynamo.lowering.codegen import TILE_SHAPE, Emitter, Tile, emits
+from neuron_dynamo.lowering.creation import CREATION_OPS
+from neuron_dynamo.lowering.generated import run_single
+from neuron_dynamo.lowering.int_ranges import integer_refusal
 from neuron_dynamo.lowering.registry import lowers
 
 aten = torch.ops.aten
@@ -32,10 +34,6 @@ ELEMENTWISE_OPS = (
     aten.threshold_backward, aten.gelu_backward, aten.silu_backward, aten.sigmoid_backward, aten.tanh_backward,
     # casts and copies
     aten._to_copy, prims.convert_element_type, aten.clone, aten.copy, aten.copy_, aten.lift_fresh_copy,
-)
-CREATION_OPS = (
-    aten.full, aten.full_like, aten.zeros, aten.zeros_like, aten.ones, aten.ones_like, aten.empty, aten.empty_like,
-    aten.new_zeros, aten.new_ones, aten.new_full, aten.new_empty, aten.scalar_tensor, aten.arange, aten.fill,
 )
 
 
@@ -415,45 +413,6 @@ def _softplus(e, dt, a, beta=1, threshold=20):
     return e.call("nl.where", e.call("nl.greater", scaled, float(threshold), dtype="uint8"), a, soft, dtype=dt)
 
 
-# Creation ops: a memset of the tile (their tensor arguments only lend a shape; the group builder drops them).
-@emits(*[op for op in CREATION_OPS if op is not aten.arange])
-def _fill(e, dt, value):
-    if isinstance(value, Tile):  # fill.Tensor: a 0-d tensor broadcast over the tile
-        return e.call("nl.copy", value, dtype=dt)
-    return e.call("nl.full", TILE_SHAPE, codegen.typed_constant(value, dt), dtype=dt)
-
-
-@emits(aten.arange)
-def _arange(e, dt, start, step):
-    # element (r0 + p, c0 + c) of the [rows, cols] view is number (r0 + p)·cols + c0 + c of the range
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (start, step)):
-        raise codegen.CodegenError(f"arange start and step must be integers, got {start!r} and {step!r}")
-    name = e.alloc("int32")
-    e.raw("nisa.iota({}, [[{}, cc]], offset={} + (r0 * cols + c0) * {}, channel_multiplier=cols * {})",
-          name, step, start, step, step)
-    return e.call("nl.copy", name, dtype=dt)
-
-
-def fill_value(node_or_op, args, kwargs):
-    """The value a creation op writes (its tensor arguments only give a shape), as step args."""
-    op = getattr(node_or_op, "overloadpacket", node_or_op)
-    if op in (aten.zeros, aten.zeros_like, aten.new_zeros, aten.empty, aten.empty_like, aten.new_empty):
-        return (0,)
-    if op in (aten.ones, aten.ones_like, aten.new_ones):
-        return (1,)
-    if op in (aten.full, aten.full_like, aten.fill):
-        return (args[1],)
-    if op is aten.new_full:
-        return (args[2],)
-    if op is aten.scalar_tensor:
-        return (args[0],)
-    if op is aten.arange:
-        numbers = [a for a in args if not isinstance(a, fx.Node)]
-        start, step = (0, 1) if len(numbers) == 1 else (numbers[0], numbers[2] if len(numbers) > 2 else 1)
-        return (start, step)
-    raise codegen.CodegenError(f"{op} is not a creation op")
-
-
 def _refuse(node: fx.Node) -> str | None:
     """Why the code generator cannot take this node (None when it can)."""
     for arg in [*node.args, *node.kwargs.values()]:
@@ -477,114 +436,7 @@ def _refuse(node: fx.Node) -> str | None:
         return "a broadcasting copy"
     if packet in (aten._to_copy, prims.convert_element_type) and value.dtype == torch.int64 and _is_float(node.args[0]):
         return "a float → int64 cast (int64 lives as int32 on the device: values beyond it would saturate)"
-    return _integer_refusal(node, packet, value.dtype)
-
-
-# The largest magnitude a value of each integer dtype can have (int64: the device's int32 cannot hold it all).
-INT_MAGNITUDE = {torch.bool: 1, torch.uint8: 255, torch.int8: 2**7, torch.int16: 2**15, torch.int32: 2**31,
-                  torch.int64: 2**63}
-_WRAPPED_BY_TORCH = (torch.int8, torch.uint8, torch.int16)  # (wider constants are refused as beyond int32)
-FP32_EXACT = 2**24  # every integer of magnitude up to 2**24 is an fp32 value: integer arithmetic below is exact
-_INT_ARITHMETIC = (aten.add, aten.sub, aten.rsub, aten.mul, aten.neg, aten.abs)
-_INEXACT = ("the NKI engines compute in fp32, so it would round above 2**24 and saturate where torch wraps")
-
-
-def magnitude(arg, depth: int = 0) -> float:
-    """An upper bound on the magnitude of `arg` (a node or a constant): what the graph proves, else its dtype's.
-
-    A small value-range analysis: graph inputs can hold anything their dtype holds, but `arange(12) + 0` (position
-    ids), a `full` value, a sum of bools, a select between bounded values are bounded, and arithmetic on them is
-    exact in fp32 while the bound stays below 2**24."""
-    if not isinstance(arg, fx.Node):
-        return abs(arg) if isinstance(arg, (int, float)) else math.inf
-    value = arg.meta.get("val")
-    if not isinstance(value, torch.Tensor) or value.dtype.is_floating_point or value.dtype.is_complex:
-        return math.inf
-    limit = INT_MAGNITUDE.get(value.dtype, math.inf)
-    if depth > _MAX_DEPTH or arg.op != "call_function" or not hasattr(arg.target, "overloadpacket"):
-        return limit
-    return min(limit, _derived_magnitude(arg, arg.target.overloadpacket, depth + 1))
-
-
-_MAX_DEPTH = 24
-_SAME_VALUES = (  # ops whose result holds (some of) the values of their first argument
-    aten.view, aten._unsafe_view, aten.reshape, aten.expand, aten.slice, aten.select, aten.narrow, aten.unsqueeze,
-    aten.squeeze, aten.transpose, aten.t, aten.permute, aten.alias, aten.detach, aten.clone, aten.lift_fresh_copy,
-    aten._to_copy, prims.convert_element_type, aten.repeat, aten.flatten, aten.contiguous,
-)
-
-
-def _derived_magnitude(node: fx.Node, packet, depth: int) -> float:
-    args = node.args
-    bound = functools.partial(magnitude, depth=depth)
-    if packet in CREATION_OPS:
-        values = fill_value(node.target, args, node.kwargs)
-        return max((abs(v) if isinstance(v, (int, float)) else math.inf for v in values), default=math.inf) if (
-            packet is not aten.arange) else max((abs(a) for a in args if isinstance(a, (int, float))), default=math.inf)
-    if packet in _SAME_VALUES:
-        return bound(args[0])
-    if packet in (aten.neg, aten.abs):
-        return bound(args[0])
-    if packet is aten.mul:
-        return bound(args[0]) * bound(args[1])
-    if packet in (aten.add, aten.sub, aten.rsub):
-        alpha = node.kwargs.get("alpha", args[2] if len(args) > 2 else 1)
-        return bound(args[0]) + bound(args[1]) * abs(alpha)
-    if packet in (aten.maximum, aten.minimum, aten.clamp_min, aten.clamp_max):
-        return max(bound(args[0]), bound(args[1]))
-    if packet is aten.clamp:
-        low = args[1] if len(args) > 1 else node.kwargs.get("min")
-        high = args[2] if len(args) > 2 else node.kwargs.get("max")
-        if low is not None and high is not None:
-            return max(bound(low), bound(high))
-        return max(bound(args[0]), *(bound(v) for v in (low, high) if v is not None))
-    if packet is aten.where:
-        return max(bound(args[1]), bound(args[2]))
-    if packet is aten.masked_fill:
-        return max(bound(args[0]), bound(args[2]))
-    if packet in (aten.sum, aten.cumsum):
-        source = args[0].meta["val"]
-        count = source.numel() if packet is aten.sum else (source.shape[args[1]] if source.dim() else 1)
-        try:
-            return int(count) * bound(args[0])
-        except (TypeError, ValueError, RuntimeError):  # a symbolic size
-            return math.inf
-    return math.inf
-
-
-_COMPARISONS = (aten.eq, aten.ne, aten.lt, aten.le, aten.gt, aten.ge)
-
-
-def _integer_refusal(node: fx.Node, packet, dtype: torch.dtype) -> str | None:
-    """Integer-valued arithmetic runs eagerly unless its result is provably below 2**24 (then fp32 is exact and
-    `_wrap` gives torch's wrap-around); comparisons, selects, bit ops and casts are exact at any value."""
-    if packet in _COMPARISONS and isinstance(node.args[0], fx.Node) and len(node.args) > 1:
-        source, constant = node.args[0].meta["val"].dtype, node.args[1]
-        if isinstance(constant, int) and not isinstance(constant, bool) and source in _WRAPPED_BY_TORCH and not (
-                torch.iinfo(source).min <= constant <= torch.iinfo(source).max):
-            return (f"a comparison of {source} with {constant}, beyond its range: torch converts the constant to "
-                    f"{source} first (it wraps)")
-    if dtype.is_floating_point or dtype is torch.bool:
-        return None
-    name = str(dtype).removeprefix("torch.")
-    if packet is aten.div:
-        return (f"{name} division ({node.kwargs.get('rounding_mode')} rounding): {_INEXACT}, and torch raises on "
-                "an integer division by zero")
-    if packet is aten.pow:
-        return f"an {name} power: {_INEXACT}"
-    if packet not in _INT_ARITHMETIC:
-        return None
-    args = list(node.args)
-    if packet in (aten.neg, aten.abs):
-        bound = magnitude(args[0])
-    elif packet is aten.mul:
-        bound = magnitude(args[0]) * magnitude(args[1])
-    else:
-        alpha = node.kwargs.get("alpha", args[2] if len(args) > 2 else 1)
-        bound = magnitude(args[0]) + magnitude(args[1]) * abs(alpha)
-    if bound >= FP32_EXACT:
-        return f"{name} arithmetic ({packet.__name__}) whose result can reach 2**24: {_INEXACT}"
-    return None
+    return integer_refusal(node, packet, value.dtype)
 
 
 def _is_float(arg) -> bool:
@@ -596,14 +448,10 @@ def _is_float(arg) -> bool:
 @lowers(*ELEMENTWISE_OPS, family="elementwise", target="simulator", accepts=_refuse, handles_empty=True)
 def elementwise_nki(op, *args, **kwargs):
     """One element-wise op as a generated NKI kernel (`lower_region` fuses chains of them into one)."""
-    from neuron_dynamo.lowering.fusion import run_single
-
     return run_single(op, args, kwargs)
 
 
 @lowers(*CREATION_OPS, family="creation", target="simulator", accepts=_refuse, handles_empty=True)
 def creation_nki(op, *args, **kwargs):
     """A creation op as a generated NKI kernel: memset (or iota) tiles stored to HBM."""
-    from neuron_dynamo.lowering.fusion import run_single
-
     return run_single(op, args, kwargs)

@@ -63,7 +63,7 @@ def _index_refusal(node: fx.Node) -> str | None:
 @lowers(aten.index, family="views", target="simulator", accepts=_index_refusal, handles_empty=False)
 def index(op, x, indices):
     """x[i0, ..., ik-1] with integer tensors on the k leading dims: rows of x as [prod(dims < k), rest]."""
-    from neuron_dynamo.lowering.fusion import run_traced
+    from neuron_dynamo.lowering.generated import run_traced
 
     indices = list(indices)
     while indices and indices[-1] is None:
@@ -97,7 +97,7 @@ def _gather_refusal(node: fx.Node) -> str | None:
 @lowers(aten.gather, family="views", target="simulator", accepts=_gather_refusal, handles_empty=False)
 def gather(op, x, dim, index, sparse_grad=False):
     """out[..., j, ...] = x[..., index[..., j, ...], ...] along `dim`: one element per output, by indirect DMA."""
-    from neuron_dynamo.lowering.fusion import run_traced
+    from neuron_dynamo.lowering.generated import run_traced
 
     dim = dim % x.dim()
     _check_bounds(index, x.shape[dim], "gather")

@@ -20,6 +20,7 @@ import torch
 import torch.fx as fx
 
 from neuron_dynamo.lowering import codegen
+from neuron_dynamo.lowering.matching import is_call, private, val
 from neuron_dynamo.lowering.registry import lowers
 from neuron_dynamo.toolchain.simulator import launch
 
@@ -49,7 +50,7 @@ def _refusal(node: fx.Node) -> str | None:
 def nll_loss_decomposed(op, *args):
     """A lone `nll_loss_*` (not after a log-softmax): the generated kernels of its decomposition (gather, masks,
     sums)."""
-    from neuron_dynamo.lowering.fusion import run_decomposed
+    from neuron_dynamo.lowering.generated import run_decomposed
 
     return run_decomposed(op, args, {})
 
@@ -67,7 +68,7 @@ def _labels(target: torch.Tensor, classes: int, ignore_index: int) -> torch.Tens
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor, reduction: int, ignore_index: int):
     """(loss, total_weight, lse) of `nll_loss_forward(log_softmax(logits))` for [N, C] logits, reduction sum/mean."""
     from neuron_dynamo.kernels.cross_entropy import cross_entropy_kernel
-    from neuron_dynamo.lowering.fusion import run_traced
+    from neuron_dynamo.lowering.generated import run_traced
 
     rows, lse = launch(cross_entropy_kernel, logits.contiguous(), _labels(target, logits.shape[1], ignore_index),
                        ignore_index)
@@ -84,7 +85,7 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, reduction: int, ig
 
 def log_softmax_from_lse(logits: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
     """log_softmax(logits) = logits - logsumexp, from the cross-entropy kernel's lse: one fused kernel."""
-    from neuron_dynamo.lowering.fusion import run_traced
+    from neuron_dynamo.lowering.generated import run_traced
 
     def subtract(logits: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
         return (logits - lse.unsqueeze(1)).to(logits.dtype)
@@ -96,7 +97,7 @@ def cross_entropy_backward(grad: torch.Tensor, log_probs: torch.Tensor, target: 
                            ignore_index: int, total_weight: torch.Tensor) -> torch.Tensor:
     """`_log_softmax_backward_data(nll_loss_backward(grad, ...), log_probs)` for [N, C] log-probabilities."""
     from neuron_dynamo.kernels.cross_entropy import cross_entropy_backward_kernel
-    from neuron_dynamo.lowering.fusion import run_traced
+    from neuron_dynamo.lowering.generated import run_traced
 
     n = log_probs.shape[0]
 
@@ -109,3 +110,34 @@ def cross_entropy_backward(grad: torch.Tensor, log_probs: torch.Tensor, target: 
     zero_lse = torch.zeros(n, dtype=torch.float32)  # log_probs are already normalised: softmax = exp(log_probs - 0)
     return launch(cross_entropy_backward_kernel, log_probs.contiguous(),
                   _labels(target, log_probs.shape[1], ignore_index), zero_lse, grads.contiguous(), ignore_index)
+
+
+# The forms the cross-entropy library kernels compute (`patterns` rewrites them; the softmax lowering asks too).
+def nll_args(nll: fx.Node, count: int) -> tuple | None:
+    """The positional args of an `nll_loss_*` node when it is the form the library kernel computes: no class
+    weights, a sum or mean reduction, [N, C] log-probabilities of a float dtype, [N] integer labels."""
+    args = nll.args
+    if len(args) != count or nll.kwargs or args[-4 if count == 7 else -3] is not None:
+        return None
+    log_probs, target = (args[1], args[2]) if count == 7 else (args[0], args[1])
+    lp, labels = val(log_probs), val(target)
+    if args[-3 if count == 7 else -2] not in (MEAN, SUM) or lp is None or labels is None:
+        return None
+    if lp.dim() != 2 or lp.dtype not in codegen.FLOAT_DTYPES or labels.dim() != 1 or labels.dtype not in (
+            torch.int64, torch.int32):
+        return None
+    return args
+
+
+def cross_entropy_backward_operands(backward: fx.Node) -> tuple | None:
+    """The cross-entropy backward kernel's operands when `backward` is
+    `_log_softmax_backward_data(nll_loss_backward(grad, ...), log_probs)` in a form it computes, else None.
+    (The softmax lowering asks too: the kernel tiles rows of any length, the generated row kernel does not.)"""
+    nll, log_probs, dim = backward.args[:3]
+    if not (is_call(nll, aten.nll_loss_backward) and private(nll) and dim in (1, -1)):
+        return None
+    args = nll_args(nll, 7)
+    if args is None or val(log_probs).dtype != val(backward).dtype or val(log_probs).shape != val(nll).shape:
+        return None
+    grad, _, target, _, reduction, ignore_index, total_weight = args
+    return grad, log_probs, target, reduction, ignore_index, total_weight

@@ -9,11 +9,11 @@ takes an operand whose last two dims are swapped as it is stored (`transpose_a`/
 import torch
 import torch.fx as fx
 
+from neuron_dynamo.lowering import codegen
 from neuron_dynamo.lowering.registry import lowers
 from neuron_dynamo.toolchain.simulator import launch
 
 aten = torch.ops.aten
-FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 @lowers(aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten.linear, aten.matmul, aten.t, aten.permute, family="matmul")
@@ -47,7 +47,7 @@ def run_matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = Non
 def _float_operands(node: fx.Node) -> str | None:
     tensors = [arg.meta["val"] for arg in node.all_input_nodes]
     dtypes = {t.dtype for t in tensors}
-    if len(dtypes) != 1 or not dtypes <= set(FLOAT_DTYPES):
+    if len(dtypes) != 1 or not dtypes <= set(codegen.FLOAT_DTYPES):
         return f"matmul operands of dtypes {sorted(str(d) for d in dtypes)} (the kernel takes one float dtype)"
     return None
 
@@ -69,7 +69,7 @@ def addmm(op, bias, a, b, beta=1, alpha=1):
     n = b.shape[-1]
     if bias.dim() <= 1 or (bias.dim() == 2 and bias.shape[0] == 1):
         return run_matmul(a, b, bias.expand(n).contiguous())
-    from neuron_dynamo.lowering.fusion import run_single
+    from neuron_dynamo.lowering.generated import run_single
 
     return run_single(aten.add.Tensor, (run_matmul(a, b), bias), {})
 

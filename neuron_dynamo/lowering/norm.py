@@ -43,13 +43,12 @@ def group_norm_nki(op, *args, **kwargs):
 
     Its inputs are made contiguous first, as the reference kernel does, for the same PyTorch issue.
     """
-    from neuron_dynamo.lowering.fusion import run_decomposed
+    from neuron_dynamo.lowering.generated import run_decomposed
 
     args = tuple(arg.contiguous() if isinstance(arg, torch.Tensor) else arg for arg in args)
     return run_decomposed(op, args, kwargs)
 
 
-FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def _refusal(node: fx.Node) -> str | None:
@@ -58,7 +57,7 @@ def _refusal(node: fx.Node) -> str | None:
     normalized = node.args[2 if backward else 1]
     if len(normalized) != 1:
         return "layer norm over more than the last dim"
-    if x.dtype not in FLOAT_DTYPES:
+    if x.dtype not in codegen.FLOAT_DTYPES:
         return f"layer norm of {x.dtype}"
     if x.shape[-1] > codegen.ROW_COLS:
         return f"layer norm over rows longer than {codegen.ROW_COLS}"

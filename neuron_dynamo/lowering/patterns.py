@@ -16,11 +16,11 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from neuron_dynamo.lowering import loss
+from neuron_dynamo.lowering import codegen, loss
+from neuron_dynamo.lowering.matching import is_call, private, val
 from neuron_dynamo.toolchain.simulator import launch
 
 aten = torch.ops.aten
-FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 class PatternKernel:
@@ -78,20 +78,6 @@ PATTERN_KERNELS = {kernel.__name__: kernel for kernel in (
 )}
 
 
-def _is(node: Any, *packets: Any) -> bool:
-    return isinstance(node, fx.Node) and node.op == "call_function" and getattr(
-        node.target, "overloadpacket", None) in packets
-
-
-def _val(node: Any) -> Any:
-    return node.meta.get("val") if isinstance(node, fx.Node) else None
-
-
-def _private(*nodes: fx.Node) -> bool:
-    """Each node is read by exactly one other node (the next one of the chain)."""
-    return all(len(node.users) == 1 for node in nodes)
-
-
 def _replace(graph: fx.Graph, last: fx.Node, name: str, args: tuple) -> None:
     with graph.inserting_before(last):
         call = graph.call_function(PATTERN_KERNELS[name], args)
@@ -102,36 +88,36 @@ def _replace(graph: fx.Graph, last: fx.Node, name: str, args: tuple) -> None:
 
 def _match_rmsnorm(graph: fx.Graph, rsqrt: fx.Node) -> bool:
     add = rsqrt.args[0]
-    if not (_is(add, aten.add) and isinstance(add.args[1], float) and _is(add.args[0], aten.mean)):
+    if not (is_call(add, aten.add) and isinstance(add.args[1], float) and is_call(add.args[0], aten.mean)):
         return False
     mean = add.args[0]
     power = mean.args[0]
-    if not (_is(power, aten.pow) and power.args[1] == 2 and list(mean.args[1]) in ([-1], [_val(power).dim() - 1])
+    if not (is_call(power, aten.pow) and power.args[1] == 2 and list(mean.args[1]) in ([-1], [val(power).dim() - 1])
             and len(mean.args) > 2 and mean.args[2]):
         return False
     x = power.args[0]
     (scale,) = rsqrt.users if len(rsqrt.users) == 1 else (None,)
-    if not (_is(scale, aten.mul) and set(scale.args) == {x, rsqrt} and _private(power, mean, add, rsqrt)):
+    if not (is_call(scale, aten.mul) and set(scale.args) == {x, rsqrt} and private(power, mean, add, rsqrt)):
         return False
     last, weight = scale, None
     (user,) = scale.users if len(scale.users) == 1 else (None,)
-    if _is(user, aten.mul) and _val(user).shape == _val(scale).shape:
+    if is_call(user, aten.mul) and val(user).shape == val(scale).shape:
         other = user.args[0] if user.args[1] is scale else user.args[1]
-        if _val(other) is not None and _val(other).dim() == 1 and _val(other).dtype == _val(x).dtype:
+        if val(other) is not None and val(other).dim() == 1 and val(other).dtype == val(x).dtype:
             last, weight = user, other
-    if not (_val(x).dtype in FLOAT_DTYPES and _val(last).dtype == _val(x).dtype):
+    if not (val(x).dtype in codegen.FLOAT_DTYPES and val(last).dtype == val(x).dtype):
         return False
     _replace(graph, last, "rmsnorm_kernel", (x, weight, float(add.args[1])))
     return True
 
 
 def _match_silu_mul(graph: fx.Graph, mul: fx.Node) -> bool:
-    silu = next((a for a in mul.args[:2] if _is(a, aten.silu)), None)
-    if silu is None or not _private(silu):
+    silu = next((a for a in mul.args[:2] if is_call(a, aten.silu)), None)
+    if silu is None or not private(silu):
         return False
     other = mul.args[1] if mul.args[0] is silu else mul.args[0]
-    a, b = _val(silu.args[0]), _val(other)
-    if b is None or a.shape != b.shape or a.dtype != b.dtype or a.dtype not in FLOAT_DTYPES:
+    a, b = val(silu.args[0]), val(other)
+    if b is None or a.shape != b.shape or a.dtype != b.dtype or a.dtype not in codegen.FLOAT_DTYPES:
         return False
     _replace(graph, mul, "silu_mul_kernel", (silu.args[0], other))
     return True
@@ -139,34 +125,34 @@ def _match_silu_mul(graph: fx.Graph, mul: fx.Node) -> bool:
 
 def _rotated_half(cat: fx.Node) -> fx.Node | None:
     """x when `cat` is rotate_half(x) = cat([-x[..., D/2:], x[..., :D/2]], -1)."""
-    if not (_is(cat, aten.cat) and len(cat.args[0]) == 2 and (cat.args[1] if len(cat.args) > 1 else 0) in (-1, 3)):
+    if not (is_call(cat, aten.cat) and len(cat.args[0]) == 2 and (cat.args[1] if len(cat.args) > 1 else 0) in (-1, 3)):
         return None
     neg, first = cat.args[0]
-    if not (_is(neg, aten.neg) and _is(neg.args[0], aten.slice) and _is(first, aten.slice)):
+    if not (is_call(neg, aten.neg) and is_call(neg.args[0], aten.slice) and is_call(first, aten.slice)):
         return None
     second = neg.args[0]
     x = first.args[0]
-    half = _val(x).shape[-1] // 2
+    half = val(x).shape[-1] // 2
     if second.args[0] is not x or first.args[1:4] != (3, 0, half) or tuple(second.args[1:3]) != (3, half):
         return None
-    return x if _private(neg, cat) else None
+    return x if private(neg, cat) else None
 
 
 def _unsqueezed_table(node: Any, x: fx.Node) -> fx.Node | None:
     """cos when `node` is cos.unsqueeze(1) with cos [B or 1, S, D] matching x [B, H, S, D] (dtype included)."""
-    if not (_is(node, aten.unsqueeze) and node.args[1] == 1):
+    if not (is_call(node, aten.unsqueeze) and node.args[1] == 1):
         return None
-    table, xv = _val(node.args[0]), _val(x)
+    table, xv = val(node.args[0]), val(x)
     ok = (table.dim() == 3 and table.shape[0] in (1, xv.shape[0]) and tuple(table.shape[1:]) == tuple(xv.shape[2:])
           and table.dtype == xv.dtype)
     return node.args[0] if ok else None
 
 
 def _match_rope(graph: fx.Graph, add: fx.Node) -> bool:
-    if len(add.args) != 2 or not all(_is(a, aten.mul) for a in add.args):
+    if len(add.args) != 2 or not all(is_call(a, aten.mul) for a in add.args):
         return False
     for direct, rotated in (add.args, add.args[::-1]):
-        cat = next((a for a in rotated.args if _is(a, aten.cat)), None)
+        cat = next((a for a in rotated.args if is_call(a, aten.cat)), None)
         if cat is None or _rotated_half(cat) is None:
             continue
         x = _rotated_half(cat)
@@ -174,9 +160,9 @@ def _match_rope(graph: fx.Graph, add: fx.Node) -> bool:
             continue
         cos = _unsqueezed_table(direct.args[1] if direct.args[0] is x else direct.args[0], x)
         sin = _unsqueezed_table(rotated.args[1] if rotated.args[0] is cat else rotated.args[0], x)
-        if cos is None or sin is None or not _private(direct, rotated) or _val(x).dtype not in FLOAT_DTYPES:
+        if cos is None or sin is None or not private(direct, rotated) or val(x).dtype not in codegen.FLOAT_DTYPES:
             continue
-        if _val(x).shape[-1] % 2 or _val(add).dtype != _val(x).dtype:
+        if val(x).shape[-1] % 2 or val(add).dtype != val(x).dtype:
             continue
         _replace(graph, add, "rope_kernel", (x, cos, sin))
         return True
@@ -186,21 +172,21 @@ def _match_rope(graph: fx.Graph, add: fx.Node) -> bool:
 def _match_attention(graph: fx.Graph, out: fx.Node) -> bool:
     """bmm(softmax(bmm(q, kᵀ) · scale + mask), v): the explicit attention chain (eager attention implementations)."""
     probs, v = out.args
-    if not (_is(probs, aten._softmax) and probs.args[1] in (-1, 2) and not probs.args[2] and _private(probs)):
+    if not (is_call(probs, aten._softmax) and probs.args[1] in (-1, 2) and not probs.args[2] and private(probs)):
         return False
     scores, scale, mask = probs.args[0], 1.0, None
-    if _is(scores, aten.add) and _private(scores) and _val(scores.args[1]) is not None:
+    if is_call(scores, aten.add) and private(scores) and val(scores.args[1]) is not None:
         scores, mask = scores.args
-    if _is(scores, aten.mul, aten.div) and isinstance(scores.args[1], float) and _private(scores):
-        scale = scores.args[1] if _is(scores, aten.mul) else 1.0 / scores.args[1]
+    if is_call(scores, aten.mul, aten.div) and isinstance(scores.args[1], float) and private(scores):
+        scale = scores.args[1] if is_call(scores, aten.mul) else 1.0 / scores.args[1]
         scores = scores.args[0]
-    if not (_is(scores, aten.bmm) and _private(scores)):
+    if not (is_call(scores, aten.bmm) and private(scores)):
         return False
     q, k_t = scores.args
-    qv, kv, vv = _val(q), _val(k_t), _val(v)
-    if qv.shape[-1] > 128 or len({qv.dtype, kv.dtype, vv.dtype}) != 1 or qv.dtype not in FLOAT_DTYPES:
+    qv, kv, vv = val(q), val(k_t), val(v)
+    if qv.shape[-1] > 128 or len({qv.dtype, kv.dtype, vv.dtype}) != 1 or qv.dtype not in codegen.FLOAT_DTYPES:
         return False
-    if mask is not None and (_val(mask).dtype != qv.dtype or _val(mask).dim() != 3):
+    if mask is not None and (val(mask).dtype != qv.dtype or val(mask).dim() != 3):
         return False
     with graph.inserting_before(out):
         k = graph.call_function(aten.transpose.int, (k_t, 1, 2))
@@ -209,36 +195,20 @@ def _match_attention(graph: fx.Graph, out: fx.Node) -> bool:
     return True
 
 
-def _nll_args(nll: fx.Node, count: int) -> tuple | None:
-    """The positional args of an `nll_loss_*` node when it is the form the library kernel computes: no class
-    weights, a sum or mean reduction, [N, C] log-probabilities of a float dtype, [N] integer labels."""
-    args = nll.args
-    if len(args) != count or nll.kwargs or args[-4 if count == 7 else -3] is not None:
-        return None
-    log_probs, target = (args[1], args[2]) if count == 7 else (args[0], args[1])
-    lp, labels = _val(log_probs), _val(target)
-    if args[-3 if count == 7 else -2] not in (loss.MEAN, loss.SUM) or lp is None or labels is None:
-        return None
-    if lp.dim() != 2 or lp.dtype not in FLOAT_DTYPES or labels.dim() != 1 or labels.dtype not in (
-            torch.int64, torch.int32):
-        return None
-    return args
-
-
 def _match_cross_entropy(graph: fx.Graph, nll: fx.Node) -> bool:
     """nll_loss_forward(_log_softmax(logits)) → the cross-entropy kernel (and logits - lse where the log-softmax
     is needed elsewhere: a training forward saves it for the backward)."""
-    args = _nll_args(nll, 5)
+    args = loss.nll_args(nll, 5)
     if args is None:
         return False
     log_softmax, target, _, reduction, ignore_index = args
-    if not (_is(log_softmax, aten._log_softmax) and log_softmax.args[1] in (1, -1) and not log_softmax.args[2]):
+    if not (is_call(log_softmax, aten._log_softmax) and log_softmax.args[1] in (1, -1) and not log_softmax.args[2]):
         return False
     logits = log_softmax.args[0]
     with graph.inserting_before(nll):
         call = graph.call_function(PATTERN_KERNELS["cross_entropy_kernel"], (logits, target, reduction, ignore_index))
-        lse_val = _val(logits).new_empty((_val(logits).shape[0],), dtype=torch.float32)
-        call.meta = {**nll.meta, "val": (*_val(nll), lse_val)}
+        lse_val = val(logits).new_empty((val(logits).shape[0],), dtype=torch.float32)
+        call.meta = {**nll.meta, "val": (*val(nll), lse_val)}
         others = [user for user in log_softmax.users if user is not nll]
         if others:
             lse = graph.call_function(operator.getitem, (call, 2))
@@ -275,23 +245,9 @@ def _restore_topological_order(graph: fx.Graph) -> None:
             before.append(node)
 
 
-def cross_entropy_backward_operands(backward: fx.Node) -> tuple | None:
-    """The cross-entropy backward kernel's operands when `backward` is
-    `_log_softmax_backward_data(nll_loss_backward(grad, ...), log_probs)` in a form it computes, else None.
-    (The softmax lowering asks too: the kernel tiles rows of any length, the generated row kernel does not.)"""
-    nll, log_probs, dim = backward.args[:3]
-    if not (_is(nll, aten.nll_loss_backward) and _private(nll) and dim in (1, -1)):
-        return None
-    args = _nll_args(nll, 7)
-    if args is None or _val(log_probs).dtype != _val(backward).dtype or _val(log_probs).shape != _val(nll).shape:
-        return None
-    grad, _, target, _, reduction, ignore_index, total_weight = args
-    return grad, log_probs, target, reduction, ignore_index, total_weight
-
-
 def _match_cross_entropy_backward(graph: fx.Graph, backward: fx.Node) -> bool:
     """_log_softmax_backward_data(nll_loss_backward(grad, ...), log_probs) → the cross-entropy backward kernel."""
-    operands = cross_entropy_backward_operands(backward)
+    operands = loss.cross_entropy_backward_operands(backward)
     if operands is None:
         return False
     nll = backward.args[0]
@@ -306,17 +262,17 @@ def rewrite(gm: fx.GraphModule) -> dict[str, int]:
     for node in list(gm.graph.nodes):
         if getattr(node, "_erased", False) or node.op != "call_function":
             continue
-        if _is(node, aten.rsqrt) and _match_rmsnorm(gm.graph, node):
+        if is_call(node, aten.rsqrt) and _match_rmsnorm(gm.graph, node):
             found["rmsnorm_kernel"] += 1
-        elif _is(node, aten.mul) and _match_silu_mul(gm.graph, node):
+        elif is_call(node, aten.mul) and _match_silu_mul(gm.graph, node):
             found["silu_mul_kernel"] += 1
-        elif _is(node, aten.add) and _match_rope(gm.graph, node):
+        elif is_call(node, aten.add) and _match_rope(gm.graph, node):
             found["rope_kernel"] += 1
-        elif _is(node, aten.bmm) and _match_attention(gm.graph, node):
+        elif is_call(node, aten.bmm) and _match_attention(gm.graph, node):
             found["attention_kernel"] += 1
-        elif _is(node, aten.nll_loss_forward) and _match_cross_entropy(gm.graph, node):
+        elif is_call(node, aten.nll_loss_forward) and _match_cross_entropy(gm.graph, node):
             found["cross_entropy_kernel"] += 1
-        elif _is(node, aten._log_softmax_backward_data) and _match_cross_entropy_backward(gm.graph, node):
+        elif is_call(node, aten._log_softmax_backward_data) and _match_cross_entropy_backward(gm.graph, node):
             found["cross_entropy_backward_kernel"] += 1
     gm.graph.eliminate_dead_code()
     return found

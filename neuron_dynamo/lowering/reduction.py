@@ -11,7 +11,7 @@ import math
 import torch
 import torch.fx as fx
 
-from neuron_dynamo.lowering import codegen, elementwise
+from neuron_dynamo.lowering import codegen, int_ranges
 from neuron_dynamo.lowering.registry import lowers
 from neuron_dynamo.toolchain.simulator import launch
 
@@ -63,16 +63,16 @@ def _integer_refusal(node: fx.Node, source: torch.Tensor) -> str | None:
         return None
     packet = node.target.overloadpacket
     name = str(source.dtype).removeprefix("torch.")
-    magnitude = elementwise.magnitude(node.args[0])  # what the graph proves about its values, else the dtype's
+    magnitude = int_ranges.magnitude(node.args[0])  # what the graph proves about its values, else the dtype's
     if packet in (aten.amax, aten.amin):
-        if magnitude > elementwise.FP32_EXACT:
+        if magnitude > int_ranges.FP32_EXACT:
             return f"a {packet.__name__} of {name}: the engines compare in fp32, which rounds above 2**24"
         return None
     value = node.meta["val"]
     if not value.dtype.is_floating_point:  # an integer sum: exact only while it cannot reach 2**24
         count = _static_int(source.numel()) if not source.dim() else _static_int(
             math.prod(source.shape[d] for d in _dims(source, node.args[1] if len(node.args) > 1 else None)))
-        if count is None or count * magnitude >= elementwise.FP32_EXACT:
+        if count is None or count * magnitude >= int_ranges.FP32_EXACT:
             return (f"an integer sum of {name} that can reach 2**24: the engines add in fp32, which would round "
                     "(torch adds integers exactly)")
     return None
@@ -118,7 +118,7 @@ def _float_refusal(node: fx.Node) -> str | None:
 @lowers(aten.var, aten.var_mean, family="reduction", target="simulator", accepts=_float_refusal)
 def variance(op, x, dims=None, correction=None, keepdim=False, **kwargs):
     """Two-pass variance (exact when |mean| ≫ std): a mean kernel, a fused (x - mean)² kernel, a sum kernel."""
-    from neuron_dynamo.lowering.fusion import run_single
+    from neuron_dynamo.lowering.generated import run_single
 
     correction = kwargs.get("unbiased", True) if correction is None else correction
     dims = _dims(x, dims)
@@ -142,8 +142,8 @@ def _cumsum_refusal(node: fx.Node) -> str | None:
     if length is None or length > 4096:
         return "a cumsum over more than 4096 elements"
     if not value.dtype.is_floating_point:
-        magnitude = elementwise.magnitude(node.args[0])
-        if length * magnitude >= elementwise.FP32_EXACT:
+        magnitude = int_ranges.magnitude(node.args[0])
+        if length * magnitude >= int_ranges.FP32_EXACT:
             name = str(source.dtype).removeprefix("torch.")
             return (f"an integer cumsum of {name} that can reach 2**24: TensorE accumulates in fp32, which would "
                     "round (torch adds integers exactly)")
@@ -157,7 +157,7 @@ def cumsum(op, x, dim, dtype=None):
     Integer sums are exact while they stay below 2²⁴ (fp32's integer range): `_cumsum_refusal` runs the others
     eagerly, and a sum that reaches it anyway raises rather than rounds.
     """
-    from neuron_dynamo.lowering.fusion import run_traced
+    from neuron_dynamo.lowering.generated import run_traced
 
     out_dtype = dtype or (torch.int64 if not x.dtype.is_floating_point else x.dtype)
     if not out_dtype.is_floating_point and x.numel() and x.to(torch.int64).abs().sum() >= 2**24:

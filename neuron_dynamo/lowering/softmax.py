@@ -8,7 +8,7 @@ give it (attention scores, logits).
 import torch
 import torch.fx as fx
 
-from neuron_dynamo.lowering import codegen, patterns
+from neuron_dynamo.lowering import codegen, loss
 from neuron_dynamo.lowering.registry import lowers
 from neuron_dynamo.toolchain.simulator import launch
 
@@ -34,7 +34,7 @@ def _refusal(node: fx.Node) -> str | None:
         return f"softmax of {x.dtype}"
     if node.meta["val"].dtype != x.dtype:
         return "softmax with half_to_float"
-    if x.dim() and x.shape[-1] > codegen.ROW_COLS and backward and patterns.cross_entropy_backward_operands(
+    if x.dim() and x.shape[-1] > codegen.ROW_COLS and backward and loss.cross_entropy_backward_operands(
             node) is None:  # a cross-entropy backward is rewritten to its library kernel, which tiles long rows
         return f"softmax backward over rows longer than {codegen.ROW_COLS}"
     return None

@@ -163,7 +163,7 @@ def _scatter_refusal(node: fx.Node) -> str | None:
 
 @lowers(aten.scatter, family="views", target="simulator", accepts=_scatter_refusal)
 def scatter(op, base, dim, index, value):
-    from neuron_dynamo.lowering.fusion import run_traced
+    from neuron_dynamo.lowering.generated import run_traced
 
     def put(base, index):
         return torch.where(torch.arange(base.shape[-1]) == index, torch.tensor(value, dtype=base.dtype), base)
@@ -184,7 +184,7 @@ def _index_put_refusal(node: fx.Node) -> str | None:
 @lowers(aten.index_put, family="views", target="simulator", accepts=_index_put_refusal)
 def index_put(op, base, indices, values, accumulate=False):
     """base[ids] += values (the embedding backward) as base + one_hot(ids)ᵀ @ values on TensorE."""
-    from neuron_dynamo.lowering.fusion import run_traced
+    from neuron_dynamo.lowering.generated import run_traced
 
     def accumulate_rows(base, ids, values):
         rows = values.reshape(-1, base.shape[-1])

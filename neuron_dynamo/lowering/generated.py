@@ -1,0 +1,210 @@
+"""Generated NKI code: fused element-wise groups, and graphs lowered to kernel calls around them.
+
+Walking a graph in order, element-wise and creation nodes of one output shape join the open *group*; a node that
+reads a group member closes it (so the group never waits on something that waits on it), and so does an
+element-wise node of another shape. Nodes that are independent of the open group are emitted as they come, before
+the group's kernel call. Each closed group becomes one `FusedKernel` (generated NKI source) returning the members
+the rest of the graph reads; every other node calls its op's kernel for the target.
+
+The op-family modules build on this layer: a lone element-wise call runs as `run_single`, and ops best written as
+other ops (a one-hot matmul for an index accumulation) run as `run_traced`/`run_decomposed` graphs.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from neuron_dynamo.lowering import codegen
+from neuron_dynamo.lowering.codegen import GroupSpec, Ref, Step
+from neuron_dynamo.lowering.registry import kernel_for, kernel_set, lowering_for
+from neuron_dynamo.toolchain.simulator import launch
+
+FUSED_FAMILIES = frozenset({"elementwise", "creation"})
+
+
+class FusedKernel:
+    """One generated NKI kernel for a fused group, called with the group's input tensors (any broadcastable shape)."""
+
+    def __init__(self, spec: GroupSpec, shape: Sequence[int]) -> None:
+        self.spec = spec
+        self.shape = tuple(int(s) for s in shape)
+        self.out_dtypes = [spec.steps[i].dtype for i in spec.outputs]
+        self.__name__ = codegen.source_name("fused", repr(spec))
+        self.source = codegen.elementwise_source(spec, self.__name__)
+        self.kernel = codegen.compile_source(self.source, self.__name__)
+        self.rows, self.cols = codegen.plan_elementwise(self.shape)
+
+    def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if self.rows * self.cols == 0:
+            return tuple(torch.empty(self.shape, dtype=dtype) for dtype in self.out_dtypes)
+        args = [codegen.to_device(x.expand(self.shape)).reshape(self.rows, self.cols) for x in inputs]
+        outs = launch(self.kernel, *args, self.rows, self.cols)
+        return tuple(codegen.from_device(o.reshape(self.shape), d) for o, d in zip(outs, self.out_dtypes, strict=True))
+
+    def __repr__(self) -> str:
+        return f"FusedKernel({self.__name__}, {len(self.spec.steps)} ops, shape={list(self.shape)})"
+
+
+def build_group(nodes: list[fx.Node]) -> tuple[GroupSpec, list[fx.Node], list[fx.Node]]:
+    """The spec of a group of nodes, its external tensor inputs, and the members read outside the group."""
+    members = {node: index for index, node in enumerate(nodes)}
+    inputs: list[fx.Node] = []
+
+    def ref(value: Any) -> Any:
+        if isinstance(value, fx.Node):
+            if value in members:
+                return Ref("step", members[value])
+            if value not in inputs:
+                inputs.append(value)
+            return Ref("in", inputs.index(value))
+        if isinstance(value, (list, tuple)):
+            return tuple(ref(v) for v in value)
+        return value
+
+    steps = []
+    for node in nodes:
+        args, kwargs = codegen.step_args(node.target, node.args, node.kwargs)
+        steps.append(Step(node.target, tuple(ref(a) for a in args),
+                          tuple(sorted((k, ref(v)) for k, v in kwargs.items())), node.meta["val"].dtype))
+    outputs = [node for node in nodes if any(user not in members for user in node.users)]
+    spec = GroupSpec(tuple(n.meta["val"].dtype for n in inputs), tuple(steps), tuple(members[n] for n in outputs))
+    return spec, inputs, outputs
+
+
+def _fusable(node: fx.Node, target: str) -> bool:
+    lowering = lowering_for(node.target)
+    return (node.op == "call_function" and lowering is not None and lowering.family in FUSED_FAMILIES
+            and kernel_set(target) in lowering.kernels and isinstance(node.meta.get("val"), torch.Tensor))
+
+
+def lower_graph(region: fx.GraphModule, target: str) -> fx.GraphModule:
+    """The graph as NKI kernel calls: fused groups of generated code, per-op kernels for the rest (call targets
+    that are not aten ops, such as the library-kernel calls of `patterns`, are kept as they are)."""
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    group: list[fx.Node] = []
+
+    def close_group() -> None:
+        if not group:
+            return
+        spec, inputs, outputs = build_group(group)
+        kernel = FusedKernel(spec, group[-1].meta["val"].shape)
+        call = graph.call_function(kernel, tuple(env[n] for n in inputs))
+        for k, member in enumerate(outputs):
+            # named after the member it stands for: region names are unique, generated ones could shadow them
+            env[member] = graph.create_node("call_function", operator.getitem, (call, k), name=member.name)
+            env[member].meta = dict(member.meta)
+        group.clear()
+
+    for node in region.graph.nodes:
+        if node.op == "output":
+            close_group()
+            graph.output(fx.map_arg(node.args[0], lambda value: _as_traced(graph, env[value], value)))
+        elif _fusable(node, target):
+            if group and node.meta["val"].shape != group[-1].meta["val"].shape:
+                close_group()
+            group.append(node)
+        else:
+            if group and any(arg in group for arg in node.all_input_nodes):
+                close_group()
+            copied = graph.node_copy(node, env.__getitem__)
+            if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+                copied.target = kernel_for(node.target, target).for_overload(node.target)
+            env[node] = copied
+    lowered = fx.GraphModule(region, graph, class_name=f"{target.capitalize()}Region")
+    return lowered
+
+
+def match_strides(value: torch.Tensor, stride: tuple[int, ...]) -> torch.Tensor:
+    """`value` laid out with the strides the graph was traced with (a copy only when they differ)."""
+    if value.stride() == stride or value.numel() <= 1 or 0 in stride:  # stride 0: an expanded view, kept as is
+        return value
+    return torch.empty_strided(value.shape, stride, dtype=value.dtype).copy_(value)
+
+
+def _as_traced(graph: fx.Graph, lowered: fx.Node, original: fx.Node) -> fx.Node:
+    """A region output in the layout eager produces: kernels write contiguous tensors where eager may not, and the
+    ops after the region (AOTAutograd's views, eager fallbacks with layout-sensitive CPU kernels) rely on it."""
+    value = original.meta.get("val")
+    if not isinstance(value, torch.Tensor) or original.op == "placeholder":
+        return lowered
+    restrided = graph.call_function(match_strides, (lowered, tuple(value.stride())))
+    restrided.meta = dict(original.meta)
+    return restrided
+
+
+def run_single(op: Any, args: tuple, kwargs: dict) -> torch.Tensor:
+    """One element-wise or creation op as its own generated kernel (a lone call outside any fused group)."""
+    tensors: list[torch.Tensor] = []
+
+    def ref(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            tensors.append(value)
+            return Ref("in", len(tensors) - 1)
+        if isinstance(value, (list, tuple)):
+            return tuple(ref(v) for v in value)
+        return value
+
+    def meta(value: Any) -> Any:
+        return value.to("meta") if isinstance(value, torch.Tensor) else value
+
+    expected = op(*[meta(a) for a in args], **{k: meta(v) for k, v in kwargs.items()})
+    step_args, step_kwargs = codegen.step_args(op, args, kwargs)
+    step = Step(op, tuple(ref(a) for a in step_args), tuple(sorted((k, ref(v)) for k, v in step_kwargs.items())),
+                expected.dtype)
+    spec = GroupSpec(tuple(t.dtype for t in tensors), (step,), (0,))
+    (result,) = FusedKernel(spec, expected.shape)(*tensors)
+    return result
+
+
+_DECOMPOSED: dict[tuple, fx.GraphModule] = {}
+
+
+def _describe(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return ("tensor", tuple(value.shape), value.dtype, value.stride())
+    return tuple(map(_describe, value)) if isinstance(value, (list, tuple)) else value
+
+
+def run_traced(name: str, fn: Any, tensors: list[torch.Tensor], target: str = "simulator") -> Any:
+    """Run the torch function `fn(*tensors)` as NKI kernels: traced once per shape, lowered like any region.
+
+    For ops best expressed by other ops the NKI targets already lower (a one-hot comparison for an index gather,
+    a one-hot matmul for an index accumulation), the lowering is written as plain torch code.
+    """
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    key = (name, _describe(tensors))
+    lowered = _DECOMPOSED.get(key)
+    if lowered is None:
+        lowered = _DECOMPOSED[key] = lower_graph(make_fx(fn, tracing_mode="fake")(*tensors), target)
+    return lowered(*tensors)
+
+
+def run_decomposed(op: Any, args: tuple, kwargs: dict, target: str = "simulator") -> Any:
+    """Run `op` as the NKI kernels of its PyTorch decomposition, lowered once per shape and argument set.
+
+    For ops whose decomposition is all element-wise work and reductions (group norm and its backward): the
+    decomposition is traced with fake tensors at the call's shapes and lowered like any region.
+    """
+    from torch._decomp import core_aten_decompositions, get_decompositions
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    tensors = [arg for arg in args if isinstance(arg, torch.Tensor)]
+    key = (op, _describe(args), _describe(sorted(kwargs.items())))
+    lowered = _DECOMPOSED.get(key)
+    if lowered is None:
+
+        def call(*inputs: torch.Tensor) -> Any:  # the tensors are the graph's inputs, the rest are constants
+            supply = iter(inputs)
+            return op(*[next(supply) if isinstance(a, torch.Tensor) else a for a in args], **kwargs)
+
+        table = {**core_aten_decompositions(), **get_decompositions([op])}
+        traced = make_fx(call, decomposition_table=table, tracing_mode="fake")(*tensors)
+        lowered = _DECOMPOSED[key] = lower_graph(traced, target)
+    return lowered(*tensors)
