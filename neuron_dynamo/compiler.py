@@ -27,6 +27,7 @@ from neuron_dynamo.errors import NeuronDynamoError
 from neuron_dynamo.lowering import lower_region, op_name
 from neuron_dynamo.options import OptionError, Options
 from neuron_dynamo.passes.bucketing import BucketingError
+from neuron_dynamo.passes.decompose_fallbacks import decompose_fallbacks
 from neuron_dynamo.passes.flops import node_flops
 from neuron_dynamo.passes.partition import (
     LOWERING_FAILED,
@@ -108,6 +109,15 @@ def _ensure_metadata(gm: fx.GraphModule, args: Sequence[Any]) -> None:
         FakeTensorProp(gm, mode=FakeTensorMode(allow_non_fake_inputs=True)).propagate(*args)
 
 
+def _decomposed(gm: fx.GraphModule, target: Target, options: Options) -> fx.GraphModule:
+    """A copy of `gm` where the ops the target cannot run whole but can run as their decomposition are decomposed
+    (`passes/decompose_fallbacks.py`); `gm` itself when there are none."""
+    graph = fx.Graph()
+    graph.output(graph.graph_copy(gm.graph, val_map={}))
+    copy = fx.GraphModule(gm, graph)
+    return copy if decompose_fallbacks(copy, target, options.eager_ops) else gm
+
+
 def _check_strict(fallbacks: list[Fallback], options: Options, name: str) -> None:
     blocking = [f for f in fallbacks if f.reason.startswith((UNSUPPORTED_OP, UNSUPPORTED_DTYPE))]
     if options.fallback == "error" and blocking:
@@ -175,6 +185,7 @@ def _build_static(
 ) -> BuiltProgram:
     """Partition `gm`, lower and compile each region, and work out the report's coverage figures."""
     _ensure_metadata(gm, example_inputs)
+    gm = _decomposed(gm, target, options)
     parted = partition(gm, target, eager_ops=options.eager_ops, min_region_size=options.min_region_size)
     _check_strict(parted.fallbacks, options, name)
 
