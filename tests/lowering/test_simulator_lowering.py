@@ -13,7 +13,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import neuron_dynamo
 from neuron_dynamo.lowering import codegen, lower_region
-from neuron_dynamo.lowering.fusion import FusedKernel
+from neuron_dynamo.lowering.generated import FusedKernel
 
 STRICT = {"target": "simulator", "fallback": "error", "cache": "off"}
 
