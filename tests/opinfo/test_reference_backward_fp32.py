@@ -1,0 +1,11 @@
+"""Every OpInfo op, fp32 forward + backward (input gradients), on target="reference":
+equal to eager, or run eagerly with a reason; never an error."""
+
+import pytest
+import torch
+from opinfo_cases import check, op_params
+
+
+@pytest.mark.parametrize("op", op_params(torch.float32, backward=True))
+def test_op(op, record_property):
+    check(op, torch.float32, record_property, backward=True, target="reference")
