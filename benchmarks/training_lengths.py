@@ -26,22 +26,11 @@ import torch
 import neuron_dynamo
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "hf"))
-import transformers  # noqa: E402
-from tiny_models import tiny_causal_lm_config  # noqa: E402
-
-
-def tiny_model(model_type: str, positions: int, seed: int) -> torch.nn.Module:
-    """The tiny config of `model_type`, its position table grown to `positions` (tiny configs hold 256)."""
-    config = tiny_causal_lm_config(model_type)
-    for name in ("n_positions", "max_position_embeddings"):
-        if getattr(config, name, None) is not None:
-            setattr(config, name, max(getattr(config, name), positions))
-    torch.manual_seed(seed)
-    return transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).train()
+from hf_checks import training_gradients, training_model  # noqa: E402
 
 
 def run(model_type: str, count: int, max_length: int, seed: int) -> dict:
-    model = tiny_model(model_type, max_length, seed)
+    model = training_model(model_type, max_length, seed)
     config = model.config
     rng = random.Random(seed)
     lengths = [rng.randint(1, max_length) for _ in range(count)]
@@ -52,14 +41,8 @@ def run(model_type: str, count: int, max_length: int, seed: int) -> dict:
     start = time.perf_counter()
     for length in lengths:
         ids = torch.randint(0, min(config.vocab_size, 200), (2, length))
-        model.zero_grad()
-        model(input_ids=ids, labels=ids).loss.backward()
-        expected = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
-        model.zero_grad()
-        compiled(input_ids=ids, labels=ids).loss.backward()
-        for name, p in model.named_parameters():
-            if name in expected:
-                worst = max(worst, (p.grad - expected[name]).abs().max().item())
+        for _, got, want in training_gradients(model, compiled, ids):
+            worst = max(worst, (got - want).abs().max().item())
     stats = neuron_dynamo.stats()
     per_graph = lambda kind: [v for k, v in stats.items()  # noqa: E731
                               if k.startswith("bucketing.graph") and k.endswith(f".{kind}.programs")]
