@@ -13,12 +13,15 @@ import torch.fx as fx
 from neuron_dynamo.errors import NeuronDynamoError
 from neuron_dynamo.lowering import (  # noqa: F401
     attention,
+    conv,
     elementwise,
     indexing,
     loss,
     matmul,
     norm,
+    pooling,
     reduction,
+    resample,
     softmax,
     views,
 )

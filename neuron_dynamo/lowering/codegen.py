@@ -163,6 +163,15 @@ class Emitter:
         self.lines.append(f"{name} = nl.ndarray((pr, cc), dtype=nl.{check_dtype_name(dtype)}, buffer=nl.sbuf)")
         return Tile(name, dtype)
 
+    def view(self, tile: Tile, dtype: str) -> Tile:
+        """`tile`'s bits reinterpreted as `dtype` of the same size (`NkiTensor.view`): sign and exponent bits."""
+        if not isinstance(tile, Tile):
+            raise CodegenError(f"only a tile has bits to view, got {type(tile).__name__}")
+        name = f"v{self._count}"
+        self._count += 1
+        self.lines.append(f"{name} = {tile.name}.view(nl.{check_dtype_name(dtype)})")
+        return Tile(name, dtype)
+
     def raw(self, template: str, *values: Any) -> None:
         """A line of the generator's own `template`, its `{}` fields filled with `_literal(value)` (never text)."""
         self.lines.append(template.format(*(_literal(v) for v in values)))

@@ -50,9 +50,15 @@ def _fill(e, dt, value):
 @emits(aten.arange, step_args=fill_value)
 def _arange(e, dt, start, step):
     # element (r0 + p, c0 + c) of the [rows, cols] view is number (r0 + p)·cols + c0 + c of the range
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (start, step)):
-        raise codegen.CodegenError(f"arange start and step must be integers, got {start!r} and {step!r}")
-    name = e.alloc("int32")
+    if not all(isinstance(v, (int, float)) for v in (start, step)):
+        raise codegen.CodegenError(f"arange start and step must be numbers, got {start!r} and {step!r}")
+    start, step = (int(v) if isinstance(v, bool) else v for v in (start, step))
+    fractional = isinstance(start, float) or isinstance(step, float)
+    index = e.alloc("int32")
+    if fractional:  # start + step·i in fp32 (the index is exact: `_refuse` keeps it below 2**24)
+        e.raw("nisa.iota({}, [[1, cc]], offset=r0 * cols + c0, channel_multiplier=cols)", index)
+        scaled = e.call("nl.multiply", e.call("nl.copy", index, dtype="float32"), float(step), dtype="float32")
+        return e.call("nl.add", scaled, float(start), dtype=dt)
     e.raw("nisa.iota({}, [[{}, cc]], offset={} + (r0 * cols + c0) * {}, channel_multiplier=cols * {})",
-          name, step, start, step, step)
-    return e.call("nl.copy", name, dtype=dt)
+          index, step, start, step, step)
+    return e.call("nl.copy", index, dtype=dt)

@@ -78,6 +78,8 @@ def _derived_magnitude(node: fx.Node, packet, depth: int) -> float:
         return max(bound(args[1]), bound(args[2]))
     if packet is aten.masked_fill:
         return max(bound(args[0]), bound(args[2]))
+    if packet in (aten.fmod, aten.remainder) and not isinstance(args[1], fx.Node):
+        return abs(args[1]) if packet is aten.remainder else min(bound(args[0]), abs(args[1]))
     if packet in (aten.sum, aten.cumsum):
         source = args[0].meta["val"]
         count = source.numel() if packet is aten.sum else (source.shape[args[1]] if source.dim() else 1)
@@ -86,6 +88,25 @@ def _derived_magnitude(node: fx.Node, packet, depth: int) -> float:
         except (TypeError, ValueError, RuntimeError):  # a symbolic size
             return math.inf
     return math.inf
+
+
+_MODULO_EXACT = 2**22  # dividend and divisor below it: the fp32 quotient is off by at most one, which is corrected
+
+
+def _modulo_refusal(node: fx.Node, dtype: torch.dtype) -> str | None:
+    """An integer fmod / remainder is lowered for a non-zero constant divisor and bounded operands only: torch
+    raises on an integer division by zero, which a kernel cannot do."""
+    dividend, divisor = node.args[0], node.args[1]
+    name = str(dtype).removeprefix("torch.")
+    if isinstance(divisor, fx.Node) or not isinstance(dividend, fx.Node):
+        return f"an {name} {node.target.overloadpacket.__name__} by a tensor: torch raises where it holds a 0"
+    if divisor == 0:
+        return f"an {name} {node.target.overloadpacket.__name__} by 0: torch raises"
+    if not torch.iinfo(dtype).min <= divisor <= torch.iinfo(dtype).max:
+        return f"an {name} modulo by {divisor}, beyond {name}: torch converts the divisor first (it wraps)"
+    if abs(divisor) >= _MODULO_EXACT or magnitude(dividend) >= _MODULO_EXACT:
+        return f"an {name} {node.target.overloadpacket.__name__} whose operands can reach 2**22: {_INEXACT}"
+    return None
 
 
 _COMPARISONS = (aten.eq, aten.ne, aten.lt, aten.le, aten.gt, aten.ge)
@@ -108,6 +129,8 @@ def integer_refusal(node: fx.Node, packet, dtype: torch.dtype) -> str | None:
                 "an integer division by zero")
     if packet is aten.pow:
         return f"an {name} power: {_INEXACT}"
+    if packet in (aten.fmod, aten.remainder):
+        return _modulo_refusal(node, dtype)
     if packet not in _INT_ARITHMETIC:
         return None
     args = list(node.args)
