@@ -17,6 +17,7 @@ from neuron_dynamo.lowering import (  # noqa: F401
     elementwise,
     indexing,
     loss,
+    math_functions,
     matmul,
     norm,
     pooling,
