@@ -208,3 +208,55 @@ def run_decomposed(op: Any, args: tuple, kwargs: dict, target: str = "simulator"
         traced = make_fx(call, decomposition_table=table, tracing_mode="fake")(*tensors)
         lowered = _DECOMPOSED[key] = lower_graph(traced, target)
     return lowered(*tensors)
+
+
+def _example(value: torch.Tensor) -> torch.Tensor:
+    """A real tensor of the argument's shape, strides and dtype for make_fx to fake (no data is read)."""
+    return torch.empty_strided(tuple(value.shape), tuple(value.stride()), dtype=value.dtype)
+
+
+def trace_node(node: fx.Node, table: dict) -> tuple[fx.GraphModule, list[fx.Node]] | None:
+    """`node`'s call traced by make_fx with the decomposition `table` at its static shapes, and the graph nodes
+    that feed the traced graph's placeholders, in order; None when it does not trace (data-dependent, or a
+    decomposition that does not apply to these arguments)."""
+    import torch.utils._pytree as pytree
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    leaves, spec = pytree.tree_flatten((node.args, node.kwargs))
+    inputs = [leaf for leaf in leaves if isinstance(leaf, fx.Node)]
+    values = [leaf.meta.get("val") for leaf in inputs]
+    if not all(isinstance(value, torch.Tensor) for value in values):
+        return None  # a symbolic scalar operand: nothing static to trace with
+    slots = [i for i, leaf in enumerate(leaves) if isinstance(leaf, fx.Node)]
+
+    def call(*tensors: torch.Tensor) -> Any:
+        filled = list(leaves)
+        for slot, tensor in zip(slots, tensors, strict=True):
+            filled[slot] = tensor
+        args, kwargs = pytree.tree_unflatten(filled, spec)
+        return node.target(*args, **kwargs)
+
+    try:
+        return make_fx(call, decomposition_table=table, tracing_mode="fake")(*map(_example, values)), inputs
+    except Exception:  # noqa: BLE001 - the op stays whole
+        return None
+
+
+def decomposition_refusal(node: fx.Node) -> str | None:
+    """None when every op of PyTorch's decomposition of `node` (as `run_decomposed` traces it, at the node's
+    shapes) has a simulator kernel that accepts its call; else the first op that does not, and why."""
+    from torch._decomp import core_aten_decompositions, get_decompositions
+
+    traced = trace_node(node, {**core_aten_decompositions(), **get_decompositions([node.target])})
+    if traced is None:
+        return "its decomposition does not trace at these arguments"
+    for inner in traced[0].graph.nodes:
+        if inner.op != "call_function" or not isinstance(inner.target, torch._ops.OpOverload):
+            continue
+        kernel = kernel_for(inner.target, "simulator")
+        if kernel is None:
+            return f"its decomposition needs {inner.target}, which has no NKI kernel"
+        refusal = kernel.refusal(inner)
+        if refusal is not None:
+            return f"its decomposition's {inner.target}: {refusal}"
+    return None

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from neuron_dynamo.lowering import codegen
+from neuron_dynamo.lowering import codegen, generated
 from neuron_dynamo.lowering.matching import is_call, private, val
 from neuron_dynamo.lowering.registry import lowers
 from neuron_dynamo.toolchain.simulator import launch
@@ -35,15 +35,14 @@ def nll_loss(op, *args, **kwargs):
 
 
 def _refusal(node: fx.Node) -> str | None:
+    """Any form PyTorch's decomposition writes in lowered ops: class weights, [C] or [N, C] log-probabilities,
+    every reduction."""
+
     backward = node.target.overloadpacket is aten.nll_loss_backward
-    log_probs, target, weight = node.args[1:4] if backward else node.args[0:3]
-    if weight is not None:
-        return "nll_loss with class weights"
-    if log_probs.meta["val"].dim() != 2 or target.meta["val"].dim() != 1:
-        return "nll_loss other than [N, C] log-probabilities with [N] labels"
-    if log_probs.meta["val"].dtype not in (torch.float32, torch.bfloat16, torch.float16):
+    log_probs = node.args[1] if backward else node.args[0]
+    if log_probs.meta["val"].dtype not in codegen.FLOAT_DTYPES:
         return f"nll_loss of {log_probs.meta['val'].dtype}"
-    return None
+    return generated.decomposition_refusal(node)
 
 
 @lowers(aten.nll_loss_forward, aten.nll_loss_backward, family="loss", target="simulator", accepts=_refusal)

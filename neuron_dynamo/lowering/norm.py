@@ -10,7 +10,7 @@ import math
 import torch
 import torch.fx as fx
 
-from neuron_dynamo.lowering import codegen
+from neuron_dynamo.lowering import codegen, generated
 from neuron_dynamo.lowering.registry import lowers
 from neuron_dynamo.toolchain.simulator import launch
 
@@ -50,16 +50,41 @@ def group_norm_nki(op, *args, **kwargs):
 
 
 
+BATCH_NORMS = (aten._native_batch_norm_legit, aten._native_batch_norm_legit_functional,
+               aten._native_batch_norm_legit_no_training, aten._batch_norm_with_update_functional)
+
+
+@lowers(*BATCH_NORMS, family="norm")
+def batch_norm(op, *args, **kwargs):
+    """Reference kernel: torch normalises (and returns the updated running statistics)."""
+    return op(*args, **kwargs)
+
+
+def _batch_norm_refusal(node: fx.Node) -> str | None:
+    x = node.args[0].meta["val"]
+    if x.dtype not in codegen.FLOAT_DTYPES:
+        return f"batch norm of {x.dtype}"
+    return generated.decomposition_refusal(node)
+
+
+@lowers(*BATCH_NORMS, family="norm", target="simulator", accepts=_batch_norm_refusal, handles_empty=True)
+def batch_norm_nki(op, *args, **kwargs):
+    """Batch norm as the generated NKI kernels of its decomposition: per-channel statistics (var_mean), the
+    normalisation and the running-statistics update, all element-wise work and reductions."""
+    from neuron_dynamo.lowering.generated import run_decomposed
+
+    return run_decomposed(op, args, kwargs)
+
 
 def _refusal(node: fx.Node) -> str | None:
     backward = node.target.overloadpacket is aten.native_layer_norm_backward
     x = node.args[1 if backward else 0].meta["val"]
     normalized = node.args[2 if backward else 1]
-    if len(normalized) != 1:
-        return "layer norm over more than the last dim"
+    if len(normalized) == 0:
+        return "layer norm over no dim"
     if x.dtype not in codegen.FLOAT_DTYPES:
         return f"layer norm of {x.dtype}"
-    if x.shape[-1] > codegen.ROW_COLS:
+    if math.prod(x.shape[-len(normalized):]) > codegen.ROW_COLS:
         return f"layer norm over rows longer than {codegen.ROW_COLS}"
     params = [a.meta["val"] for a in node.args[3:5] if isinstance(a, fx.Node)] if not backward else []
     if any(p.dtype != x.dtype for p in params):
@@ -67,18 +92,29 @@ def _refusal(node: fx.Node) -> str | None:
     return None
 
 
-def _stat_shape(x: torch.Tensor) -> list[int]:
-    return [*x.shape[:-1], 1]
+def _stat_shape(x: torch.Tensor, normalized: int) -> list[int]:
+    return [*x.shape[:x.dim() - normalized], *[1] * normalized]
 
 
-@lowers(aten.native_layer_norm, family="norm", target="simulator", accepts=_refusal)
+def _flat(param: torch.Tensor | None) -> torch.Tensor | None:
+    return None if param is None else param.contiguous().reshape(-1)
+
+
+@lowers(aten.native_layer_norm, family="norm", target="simulator", accepts=_refusal, handles_empty=True)
 def layer_norm(op, x, normalized_shape, weight, bias, eps):
+    """Over the last k dims as over one: the rows are [rows, product of the normalized dims]. With no element,
+    there is nothing to compute (the result is empty, or NaN statistics of empty rows)."""
     from neuron_dynamo.kernels.norms import layernorm_kernel
 
-    rows = x.contiguous().reshape(-1, x.shape[-1])
-    out = launch(layernorm_kernel, rows, weight, bias, float(eps))
+    if x.numel() == 0:
+        return op(x, normalized_shape, weight, bias, eps)
+
+    k = len(normalized_shape)
+    rows = x.contiguous().reshape(-1, math.prod(x.shape[x.dim() - k:]))
+    out = launch(layernorm_kernel, rows, _flat(weight), _flat(bias), float(eps))
     mean, rstd = codegen.run_row_kernel("row_moments", rows, extra=(float(eps),))
-    return out.reshape(x.shape), mean.reshape(_stat_shape(x)), rstd.reshape(_stat_shape(x))
+    stats = _stat_shape(x, k)  # in x's dtype, as eager returns them when the parameters share it (`_refusal`)
+    return out.reshape(x.shape), mean.reshape(stats).to(x.dtype), rstd.reshape(stats).to(x.dtype)
 
 
 def _backward_source(dtype: str, has_weight: bool, name: str) -> str:
@@ -131,18 +167,22 @@ def _backward_source(dtype: str, has_weight: bool, name: str) -> str:
 
 @lowers(aten.native_layer_norm_backward, family="norm", target="simulator", accepts=_refusal)
 def layer_norm_backward(op, grad, x, normalized_shape, mean, rstd, weight, bias, output_mask):
-    cols = x.shape[-1]
-    rows = math.prod(x.shape[:-1])
+    k = len(normalized_shape)
+    cols = math.prod(x.shape[x.dim() - k:])
+    rows = math.prod(x.shape[:x.dim() - k])
     dtype = codegen.nki_dtype(x.dtype)
     name = codegen.source_name("layer_norm_backward", f"{dtype}:{weight is not None}")
     kernel = codegen.compile_source(_backward_source(dtype, weight is not None, name), name)
-    w = weight if weight is not None else torch.ones(cols, dtype=x.dtype)
+    w = _flat(weight) if weight is not None else torch.ones(cols, dtype=x.dtype)
     dx, dw, db = launch(kernel, grad.contiguous().reshape(rows, cols), x.contiguous().reshape(rows, cols),
                         mean.contiguous().reshape(rows, 1).float(), rstd.contiguous().reshape(rows, 1).float(),
                         w.contiguous(), rows, cols)
     param_dtype = x.dtype if weight is None else weight.dtype
     return (
         dx.reshape(x.shape) if output_mask[0] else None,
-        dw.reshape(cols).to(param_dtype) if output_mask[1] and weight is not None else None,
-        db.reshape(cols).to(param_dtype) if output_mask[2] and bias is not None else None,
+        dw.reshape(weight.shape).to(param_dtype) if output_mask[1] and weight is not None else None,
+        db.reshape(bias.shape).to(param_dtype) if output_mask[2] and bias is not None else None,
     )
+
+
+# ------------------------------------------------------------------------------------------------ decompositions

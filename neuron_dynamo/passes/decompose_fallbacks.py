@@ -21,6 +21,7 @@ import torch.utils._pytree as pytree
 from torch._decomp import decomposition_table as torch_decompositions
 
 from neuron_dynamo.lowering import registered_op_keys
+from neuron_dynamo.lowering.generated import trace_node
 from neuron_dynamo.passes.partition import Target, fallback_reason, is_compute_op, matches_op_name
 
 
@@ -30,36 +31,6 @@ def _table() -> dict[Any, Any]:
     kept = set(registered_op_keys())
     return {op: fn for op, fn in torch_decompositions.items()
             if op not in kept and getattr(op, "overloadpacket", None) not in kept}
-
-
-def _example(value: torch.Tensor) -> torch.Tensor:
-    """A real tensor of the node input's shape, strides and dtype for make_fx to fake (no data is read)."""
-    return torch.empty_strided(tuple(value.shape), tuple(value.stride()), dtype=value.dtype)
-
-
-def _trace(node: fx.Node) -> tuple[fx.GraphModule, list[fx.Node]] | None:
-    """The node's decomposition traced at its shapes, and the graph nodes that feed its placeholders (in order)."""
-    from torch.fx.experimental.proxy_tensor import make_fx
-
-    leaves, spec = pytree.tree_flatten((node.args, node.kwargs))
-    inputs = [leaf for leaf in leaves if isinstance(leaf, fx.Node)]
-    values = [leaf.meta.get("val") for leaf in inputs]
-    if not all(isinstance(value, torch.Tensor) for value in values):
-        return None  # a symbolic scalar operand: nothing static to trace with
-    slots = [i for i, leaf in enumerate(leaves) if isinstance(leaf, fx.Node)]
-
-    def call(*tensors: torch.Tensor) -> Any:
-        filled = list(leaves)
-        for slot, tensor in zip(slots, tensors, strict=True):
-            filled[slot] = tensor
-        args, kwargs = pytree.tree_unflatten(filled, spec)
-        return node.target(*args, **kwargs)
-
-    try:
-        traced = make_fx(call, decomposition_table=_table(), tracing_mode="fake")(*map(_example, values))
-    except Exception:  # data-dependent, or a decomposition that does not apply to these arguments: keep the op
-        return None
-    return traced, inputs
 
 
 def _same_layout(original: Any, decomposed: Any) -> bool:
@@ -103,7 +74,7 @@ def decompose_fallbacks(gm: fx.GraphModule, target: Target, eager_ops: Iterable[
             continue
         if fallback_reason(node, target, eager_ops) is None:
             continue
-        found = _trace(node)
+        found = trace_node(node, _table())
         if found is None:
             continue
         traced, inputs = found

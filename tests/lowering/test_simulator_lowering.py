@@ -190,5 +190,5 @@ def test_index_ops_of_the_loss_and_the_embedding_backward():
         torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
 
 
-def test_cumsum_as_a_triangular_matmul():
+def test_cumsum_as_a_scan():
     assert_matches(lambda x, m: (x.cumsum(1), m.cumsum(-1)), torch.randn(3, 40, 5), torch.rand(2, 30) > 0.5)

@@ -154,7 +154,8 @@ def _compare(actual: Any, expected: Any, dtype: torch.dtype, values: bool) -> No
     torch.testing.assert_close(actual, expected, equal_nan=True, **tolerances(dtype))
 
 
-LOW_PRECISION = (torch.bfloat16, torch.float16)
+# The wider dtype a result may instead be checked against (`_upcast_reference`).
+UPCAST = {torch.bfloat16: torch.float32, torch.float16: torch.float32, torch.float32: torch.float64}
 
 
 def _mismatch(actual, expected, actual_grads, expected_grads, dtype, values) -> str | None:
@@ -171,15 +172,17 @@ def _mismatch(actual, expected, actual_grads, expected_grads, dtype, values) -> 
 
 
 def _upcast_reference(fn, slots, leaves, dtype, backward, seed):
-    """Eager computed in fp32 from the same low-precision inputs, rounded to `dtype` at the end (Inductor's
-    `reference_in_float`): a kernel that keeps fp32 intermediates is closer to this than to eager's per-step
-    rounding, and cancellation (a·b − c·d) can put the two further apart than any fixed bf16 tolerance."""
+    """Eager computed in a wider dtype (`UPCAST`: fp32 for bf16/fp16, fp64 for fp32) from the same inputs, rounded
+    to `dtype` at the end (Inductor's `reference_in_float`; `torch._dynamo.utils.same` checks against fp64 too).
+    A kernel that keeps fp32 intermediates is closer to this than to eager's per-step rounding, and cancellation
+    (a·b − c·d, a layer norm over one element) can put the two further apart than any fixed tolerance."""
+    wide = UPCAST[dtype]
     fresh = _fresh(leaves)
     inputs = []
     for i in slots:
         tensor = fresh[i]
         if tensor.dtype == dtype:
-            tensor = tensor.detach().float().requires_grad_(tensor.requires_grad)
+            tensor = tensor.detach().to(wide).requires_grad_(tensor.requires_grad)
         inputs.append(tensor)
     try:
         torch.manual_seed(seed)
@@ -187,7 +190,7 @@ def _upcast_reference(fn, slots, leaves, dtype, backward, seed):
         grads = _gradients(out, inputs, seed) if backward else None
     except Exception:
         return None
-    down = lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.dtype == torch.float32 else t  # noqa: E731
+    down = lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.dtype == wide else t  # noqa: E731
     return pytree.tree_map(down, out), None if grads is None else pytree.tree_map(down, grads)
 
 
@@ -242,7 +245,7 @@ def run_op(opinfo: Any, dtype: torch.dtype = torch.float32, *, backward: bool = 
             if report.ops_lowered:
                 lowered_any = True
         mismatch = _mismatch(actual, expected, actual_grads, expected_grads, dtype, values)
-        if mismatch and dtype in LOW_PRECISION:  # eager rounds every step: also compare with the fp32 computation
+        if mismatch and dtype in UPCAST:  # eager's own rounding may be what differs: compare with a wider computation
             upcast = _upcast_reference(fn, slots, leaves, dtype, backward, index)
             if upcast is not None and not _mismatch(actual, upcast[0], actual_grads, upcast[1], dtype, values):
                 mismatch = None

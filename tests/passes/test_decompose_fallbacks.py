@@ -14,30 +14,32 @@ def _run(fn, *args, **options):
     return out, fallbacks
 
 
-def test_vector_norm_runs_as_its_decomposition():
-    x = torch.randn(4, 37)
-    for fn in (lambda x: torch.linalg.vector_norm(x, 2, dim=1), lambda x: F.normalize(x, dim=-1),
-               lambda x: torch.linalg.vector_norm(x, float("inf"))):
-        out, fallbacks = _run(fn, x)
-        torch.testing.assert_close(out, fn(x), rtol=1e-5, atol=1e-5)
+def test_dist_runs_as_its_decomposition():
+    """`dist` has no kernel; PyTorch decomposes it into a subtraction and `linalg_vector_norm`, which have."""
+    x, y = torch.randn(4, 37), torch.randn(4, 37)
+    for p in (2, 3, float("inf")):
+        fn = lambda x, y, p=p: torch.dist(x, y, p)  # noqa: E731
+        torch._dynamo.reset()
+        out, fallbacks = _run(fn, x, y)
+        torch.testing.assert_close(out, fn(x, y), rtol=1e-5, atol=1e-5)
         assert fallbacks == []
 
 
 def test_a_decomposition_that_would_run_partly_eagerly_is_not_applied():
-    """With pow forced eager, the 2-norm's decomposition cannot run in full: the op stays whole, and says so."""
-    x = torch.randn(4, 37)
-    fn = lambda x: torch.linalg.vector_norm(x, 2, dim=1)  # noqa: E731
-    out, fallbacks = _run(fn, x, eager_ops=["aten.pow"])
-    torch.testing.assert_close(out, fn(x))
-    assert fallbacks == ["aten.linalg_vector_norm.default"]
+    """With the vector norm forced eager, dist's decomposition cannot run in full: dist stays whole, and says so."""
+    x, y = torch.randn(4, 37), torch.randn(4, 37)
+    fn = lambda x, y: torch.dist(x, y, 3)  # noqa: E731
+    out, fallbacks = _run(fn, x, y, eager_ops=["aten.linalg_vector_norm"])
+    torch.testing.assert_close(out, fn(x, y))
+    assert fallbacks == ["aten.dist.default"]
 
 
 def test_an_op_named_in_eager_ops_stays_whole():
-    x = torch.randn(4, 37)
-    fn = lambda x: torch.linalg.vector_norm(x, 2, dim=1)  # noqa: E731
-    out, fallbacks = _run(fn, x, eager_ops=["aten.linalg_vector_norm"])
-    torch.testing.assert_close(out, fn(x))
-    assert fallbacks == ["aten.linalg_vector_norm.default"]
+    x, y = torch.randn(4, 37), torch.randn(4, 37)
+    fn = lambda x, y: torch.dist(x, y, 3)  # noqa: E731
+    out, fallbacks = _run(fn, x, y, eager_ops=["aten.dist"])
+    torch.testing.assert_close(out, fn(x, y))
+    assert fallbacks == ["aten.dist.default"]
 
 
 def test_a_tuple_result_is_spliced_by_its_parts():
