@@ -28,6 +28,14 @@ from neuron_dynamo.toolchain import nki_toolchain_info, resolve_target
 
 log = logging.getLogger("neuron_dynamo.backend")
 
+# Raised while AOTAutograd traces a graph whose shapes depend on data (`narrow` with a tensor start calls .item()):
+# Dynamo answers them with a graph break, as it does for its own backends; they are not the backend's failures.
+DYNAMO_SIGNALS = (
+    torch._dynamo.exc.TorchDynamoException,
+    torch._subclasses.fake_tensor.DataDependentOutputException,
+    torch._subclasses.fake_tensor.DynamicOutputShapeException,
+)
+
 BACKEND_NAMES = ("neuron", "neuron_dynamo")
 OUR_ENTRY_POINT = "neuron_dynamo.backend:neuron_backend"
 LOG_ENV = "NEURON_DYNAMO_LOG"
@@ -62,7 +70,7 @@ def neuron_backend(
             inference_compiler=compiler("inference"),
             decompositions=decomposition_table(),
         )(gm, example_inputs)
-    except (*ASKED_FOR, torch._dynamo.exc.TorchDynamoException):
+    except (*ASKED_FOR, *DYNAMO_SIGNALS):
         raise  # raised on purpose (bad options, a size beyond max_bucket, fallback="error"), or Dynamo's own signals
     except Exception as exc:  # AOTAutograd or our compile failed where eager runs: the graph runs eagerly
         if resolved.fallback == "error":

@@ -3,7 +3,10 @@
 On the NKI targets a pure view (reshape of contiguous data, transpose, permute, slice, expand, ...) is not a
 kernel: it changes the access pattern the next kernel's DMA reads with, so the simulator kernel is the strided
 torch view itself and no data moves. `cat` is a generated DMA kernel (HBM → HBM copies into the slices of the
-result), `embedding` the library's indirect-DMA gather.
+result), `stack` the same over unsqueezed inputs. A `repeat` is one DMA whose source access pattern walks the
+input again for each repetition (step 0), and the view scatters (`slice_scatter`, `select_scatter`,
+`diagonal_scatter`, `as_strided_scatter`) copy the base and then DMA the source into the access pattern of the
+view. The gathers and index writes are in `indexing`.
 """
 
 import math
@@ -21,8 +24,9 @@ aten = torch.ops.aten
 @lowers(
     aten.view, aten._unsafe_view, aten.reshape, aten.expand, aten.slice, aten.select, aten.narrow, aten.unsqueeze,
     aten.squeeze, aten.transpose, aten.split, aten.split_with_sizes, aten.unbind, aten.as_strided, aten.cat,
-    aten.stack, aten.repeat, aten.constant_pad_nd, aten.slice_scatter, aten.select_scatter,
-    aten.alias, aten.detach, aten.embedding, aten.index_select, aten.gather, aten.index,
+    aten.stack, aten.repeat, aten.constant_pad_nd, aten.slice_scatter, aten.select_scatter, aten.diagonal_scatter,
+    aten.as_strided_scatter, aten.alias, aten.detach, aten.embedding, aten.index_select, aten.gather, aten.index,
+    aten.diagonal, aten.unfold, aten.flip,
     family="views",
 )
 def views(op, *args, **kwargs):
@@ -33,7 +37,7 @@ def views(op, *args, **kwargs):
 ACCESS_PATTERNS = (
     aten.view, aten._unsafe_view, aten.reshape, aten.expand, aten.slice, aten.select, aten.narrow, aten.unsqueeze,
     aten.squeeze, aten.transpose, aten.split, aten.split_with_sizes, aten.unbind, aten.as_strided, aten.alias,
-    aten.detach,
+    aten.detach, aten.diagonal, aten.unfold,
 )
 
 
@@ -74,7 +78,10 @@ def _cat_refusal(node: fx.Node) -> str | None:
 @lowers(aten.cat, family="views", target="simulator", accepts=_cat_refusal)
 def cat(op, tensors, dim=0):
     """torch.cat as one DMA per input into its slice of the result, each input viewed as [outer, width]."""
-    tensors = [t for t in tensors if t.numel() or t.dim() > 1]
+    kept = [t for t in tensors if t.numel() or t.dim() > 1]  # torch skips 1-D empties
+    if not kept:
+        return torch.cat(tensors, dim)  # nothing to move
+    tensors = kept
     dim = dim % tensors[0].dim()
     shape = list(tensors[0].shape)
     shape[dim] = sum(t.shape[dim] for t in tensors)
@@ -89,106 +96,148 @@ def cat(op, tensors, dim=0):
     return codegen.from_device(out.reshape(shape), tensors[0].dtype)
 
 
-def _embedding_refusal(node: fx.Node) -> str | None:
-    table = node.args[0].meta["val"]
-    if table.dim() != 2:
-        return "an embedding table that is not 2-D"
-    return None
-
-
-@lowers(aten.embedding, family="views", target="simulator", accepts=_embedding_refusal, handles_empty=False)
-def embedding(op, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
-    """The library's indirect-DMA gather (`kernels.embedding`); indices narrow to int32 on the way in."""
-    from neuron_dynamo.kernels.embedding import embedding_kernel
-
-    return launch(embedding_kernel, codegen.to_device(indices.contiguous()), weight.contiguous())
-
-
-def _scatter_source(name: str) -> str:
-    return (f"{codegen.HEADER}@nki.jit\ndef {name}(base, src, outer, width, start, stop):\n"
-            "    out = nl.ndarray((outer, width), dtype=base.dtype, buffer=nl.shared_hbm)\n"
-            "    nisa.dma_copy(dst=out, src=base)\n"
-            "    nisa.dma_copy(dst=out[0:outer, start:stop], src=src)\n"
-            "    return out\n")
-
-
-def _slice_scatter_refusal(node: fx.Node) -> str | None:
-    base, src = (arg.meta["val"] for arg in node.args[:2])
-    step = node.args[5] if len(node.args) > 5 else node.kwargs.get("step", 1)
-    if step != 1 or base.dtype != src.dtype or base.dtype not in codegen.NKI_DTYPES:
-        return "a strided or casting slice_scatter"
-    return None
-
-
-@lowers(aten.slice_scatter, family="views", target="simulator", accepts=_slice_scatter_refusal)
-def slice_scatter(op, base, src, dim=0, start=None, end=None, step=1):
-    """base with src written into base[..., start:end, ...]: two DMAs over [outer, dim · inner] views."""
-    dim = dim % base.dim()
-    size = base.shape[dim]
-    start, end = slice(start, end).indices(size)[:2]
-    outer, inner = math.prod(base.shape[:dim]), math.prod(base.shape[dim + 1:])
-    if base.numel() == 0 or end <= start:
-        return base.clone()
-    name = codegen.source_name("slice_scatter", "v1")
-    kernel = codegen.compile_source(_scatter_source(name), name)
-    out = launch(kernel, codegen.to_device(base.contiguous()).reshape(outer, size * inner),
-                 codegen.to_device(src.contiguous()).reshape(outer, (end - start) * inner), outer, size * inner,
-                 start * inner, end * inner)
-    return codegen.from_device(out.reshape(base.shape), base.dtype)
-
-
-# ------------------------------------------------------------------------------------------------ index writes
-# Written as one-hot comparisons against an iota of the indexed dim, which the code generator fuses, and (for the
-# accumulating index_put of an embedding backward) a one-hot matmul on TensorE. Exact: `where`, not a product, picks
-# the values, and each one-hot matmul sum adds one term per index. (The gathers are in `indexing`.)
-
-
-@lowers(aten.scatter, aten.index_put, family="views")
-def index_ops(op, *args, **kwargs):
-    """Reference kernel: torch indexes."""
+@lowers(aten.scatter, aten.scatter_add, aten.scatter_reduce, aten.index_put, aten.index_reduce, aten.put,
+        aten.masked_scatter, family="views")
+def index_writes(op, *args, **kwargs):
+    """Reference kernel: torch writes; on device these are one-hot comparisons, matmuls and DMA (`indexing`)."""
     return op(*args, **kwargs)
 
 
-def _last_dim(node: fx.Node, dim: int) -> bool:
-    return dim in (-1, node.args[0].meta["val"].dim() - 1)
+@lowers(aten.stack, family="views", target="simulator", accepts=_cat_refusal)
+def stack(op, tensors, dim=0):
+    """torch.stack is the cat of the inputs with a new dim of size 1."""
+    dim = dim % (tensors[0].dim() + 1)
+    return cat(aten.cat.default, [t.unsqueeze(dim) for t in tensors], dim)
 
 
-def _scatter_refusal(node: fx.Node) -> str | None:
-    if node.target is not aten.scatter.value or not _last_dim(node, node.args[1]):
-        return "a scatter other than of a scalar along the last dim"
-    if node.args[2].meta["val"].shape[-1] != 1 or node.meta["val"].dtype not in codegen.NKI_DTYPES:
-        return "a scatter of more than one index per row"
+# ------------------------------------------------------------------------------------------------ access-pattern DMA
+MAX_PATTERN_DIMS = 4  # the free dims a DMA access pattern may have
+
+
+def merged_pattern(sizes, strides) -> list[list[int]]:
+    """`[[step, count], ...]` (outermost first) of a strided view, dims of one element dropped and dims that
+    continue each other merged."""
+    merged: list[list[int]] = []
+    for count, step in zip(sizes, strides, strict=True):
+        if count == 1:
+            continue
+        if merged and merged[-1][0] == step * count:
+            merged[-1] = [step, merged[-1][1] * count]
+        else:
+            merged.append([step, count])
+    return merged or [[1, 1]]
+
+
+def _as_tuples(pattern: list[list[int]]) -> tuple[tuple[int, int], ...]:
+    return tuple((step, count) for step, count in pattern)
+
+
+def _view_pattern(shape, view_of) -> tuple[list[list[int]], int]:
+    """The access pattern and offset of `view_of(t)` over a contiguous `t` of `shape`."""
+    probe = view_of(torch.empty(shape, device="meta"))
+    return merged_pattern(probe.shape, probe.stride()), probe.storage_offset()
+
+
+def _overlaps(pattern: list[list[int]]) -> bool:
+    reach = 0
+    for step, count in sorted(pattern):
+        if step <= reach:
+            return True
+        reach += step * (count - 1)
+    return False
+
+
+def _write_source(name: str) -> str:
+    return (f"{codegen.HEADER}@nki.jit\ndef {name}(base, src, pattern, offset):\n"
+            "    out = nl.ndarray(base.shape, dtype=base.dtype, buffer=nl.shared_hbm)\n"
+            "    nisa.dma_copy(dst=out, src=base)\n"
+            "    nisa.dma_copy(dst=out.ap(pattern, offset=offset), src=src)\n"
+            "    return out\n")
+
+
+def _read_source(name: str) -> str:
+    return (f"{codegen.HEADER}@nki.jit\ndef {name}(src, counts, pattern):\n"
+            "    out = nl.ndarray(counts, dtype=src.dtype, buffer=nl.shared_hbm)\n"
+            "    nisa.dma_copy(dst=out, src=src.ap(pattern, offset=0))\n"
+            "    return out\n")
+
+
+def strided_write(base: torch.Tensor, src: torch.Tensor, view_of) -> torch.Tensor:
+    """base with `view_of(base)` replaced by src: a copy of base, then one DMA into the view's access pattern."""
+    pattern, offset = _view_pattern(base.shape, view_of)
+    if base.numel() == 0 or src.numel() == 0:
+        return base.clone()
+    name = codegen.source_name("strided_write", "v1")
+    kernel = codegen.compile_source(_write_source(name), name)
+    source = codegen.to_device(src.contiguous()).reshape([count for _, count in pattern])
+    out = launch(kernel, codegen.to_device(base.contiguous()).reshape(-1), source, _as_tuples(pattern), offset)
+    return codegen.from_device(out.reshape(base.shape), base.dtype)
+
+
+def _pattern_refusal(value: torch.Tensor, pattern: list[list[int]]) -> str | None:
+    if value.dtype not in codegen.NKI_DTYPES:
+        return f"a strided copy of {value.dtype}"
+    if len(pattern) > MAX_PATTERN_DIMS:
+        return f"a strided copy needing more than {MAX_PATTERN_DIMS} access-pattern dims"
     return None
 
 
-@lowers(aten.scatter, family="views", target="simulator", accepts=_scatter_refusal)
-def scatter(op, base, dim, index, value):
-    from neuron_dynamo.lowering.generated import run_traced
-
-    def put(base, index):
-        return torch.where(torch.arange(base.shape[-1]) == index, torch.tensor(value, dtype=base.dtype), base)
-
-    return run_traced(f"scatter:{value!r}", put, [base, index])
+def _view_of(node: fx.Node):
+    """The view a view-scatter node writes, as a function of its base."""
+    args = [arg.meta["val"] if isinstance(arg, fx.Node) else arg for arg in node.args]
+    return _VIEWS[node.target.overloadpacket](*args[2:])
 
 
-def _index_put_refusal(node: fx.Node) -> str | None:
-    base, indices = node.args[0].meta["val"], node.args[1]
-    accumulate = node.args[3] if len(node.args) > 3 else node.kwargs.get("accumulate", False)
-    if not accumulate or len(indices) != 1 or indices[0] is None or base.dim() != 2:
-        return "an index_put other than accumulating rows of a 2-D tensor"
-    if base.dtype not in (torch.float32, torch.bfloat16, torch.float16):
-        return f"an index_put into {base.dtype}"
-    return None
+_VIEWS = {
+    aten.slice_scatter: lambda dim=0, start=None, end=None, step=1: lambda t: t[
+        (slice(None),) * (dim % t.dim()) + (slice(start, end, step),)],
+    aten.select_scatter: lambda dim, index: lambda t: t.select(dim, index),
+    aten.diagonal_scatter: lambda offset=0, dim1=0, dim2=1: lambda t: t.diagonal(offset, dim1, dim2),
+    aten.as_strided_scatter: lambda size, stride, storage_offset=None: lambda t: t.as_strided(
+        size, stride, storage_offset),
+}
 
 
-@lowers(aten.index_put, family="views", target="simulator", accepts=_index_put_refusal)
-def index_put(op, base, indices, values, accumulate=False):
-    """base[ids] += values (the embedding backward) as base + one_hot(ids)ᵀ @ values on TensorE."""
-    from neuron_dynamo.lowering.generated import run_traced
+def _view_scatter_refusal(node: fx.Node) -> str | None:
+    base, src = (arg.meta["val"] for arg in node.args[:2])
+    if base.dtype != src.dtype:
+        return "a view scatter of a source of another dtype"
+    if node.target.overloadpacket is aten.as_strided_scatter and not base.is_contiguous():
+        return "an as_strided_scatter into a non-contiguous base"
+    pattern, _ = _view_pattern(base.shape, _view_of(node))
+    if _overlaps(pattern):
+        return "an as_strided_scatter into overlapping elements"
+    return _pattern_refusal(base, pattern)
 
-    def accumulate_rows(base, ids, values):
-        rows = values.reshape(-1, base.shape[-1])
-        one_hot = (ids.reshape(-1, 1) == torch.arange(base.shape[0])).to(base.dtype)
-        return base + one_hot.t() @ rows
 
-    return run_traced("index_put", accumulate_rows, [base, indices[0], values])
+@lowers(aten.slice_scatter, aten.select_scatter, aten.diagonal_scatter, aten.as_strided_scatter, family="views",
+        target="simulator", accepts=_view_scatter_refusal)
+def view_scatter(op, base, src, *args):
+    return strided_write(base, src, _VIEWS[op.overloadpacket](*args))
+
+
+def _repeat_pattern(shape, repeats) -> tuple[list[int], list[list[int]]]:
+    """The output shape of x.repeat(repeats) and the access pattern reading x once per repetition (step 0)."""
+    shape = [1] * (len(repeats) - len(shape)) + list(shape)
+    strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
+    sizes, steps = [], []
+    for times, size, stride in zip(repeats, shape, strides, strict=True):
+        sizes += [times, size]
+        steps += [0, stride]
+    return [t * s for t, s in zip(repeats, shape, strict=True)], merged_pattern(sizes, steps)
+
+
+def _repeat_refusal(node: fx.Node) -> str | None:
+    return _pattern_refusal(node.meta["val"], _repeat_pattern(node.args[0].meta["val"].shape, node.args[1])[1])
+
+
+@lowers(aten.repeat, family="views", target="simulator", accepts=_repeat_refusal)
+def repeat(op, x, repeats):
+    shape, pattern = _repeat_pattern(x.shape, repeats)
+    if math.prod(shape) == 0:
+        return torch.empty(shape, dtype=x.dtype)
+    name = codegen.source_name("repeat", "v1")
+    kernel = codegen.compile_source(_read_source(name), name)
+    counts = tuple(count for _, count in pattern)
+    out = launch(kernel, codegen.to_device(x.contiguous()).reshape(-1), counts, _as_tuples(pattern))
+    return codegen.from_device(out.reshape(shape), x.dtype)
