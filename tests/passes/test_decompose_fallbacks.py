@@ -1,5 +1,6 @@
 """Ops without a kernel run as PyTorch's decomposition when every op of it lowers, else whole and eagerly."""
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -25,19 +26,12 @@ def test_dist_runs_as_its_decomposition():
         assert fallbacks == []
 
 
-def test_a_decomposition_that_would_run_partly_eagerly_is_not_applied():
-    """With the vector norm forced eager, dist's decomposition cannot run in full: dist stays whole, and says so."""
+@pytest.mark.parametrize("eager", ["aten.linalg_vector_norm", "aten.dist"])
+def test_dist_stays_whole_when_it_or_an_op_of_its_decomposition_is_forced_eager(eager):
+    """With the vector norm forced eager, dist's decomposition cannot run in full: it is not applied half."""
     x, y = torch.randn(4, 37), torch.randn(4, 37)
     fn = lambda x, y: torch.dist(x, y, 3)  # noqa: E731
-    out, fallbacks = _run(fn, x, y, eager_ops=["aten.linalg_vector_norm"])
-    torch.testing.assert_close(out, fn(x, y))
-    assert fallbacks == ["aten.dist.default"]
-
-
-def test_an_op_named_in_eager_ops_stays_whole():
-    x, y = torch.randn(4, 37), torch.randn(4, 37)
-    fn = lambda x, y: torch.dist(x, y, 3)  # noqa: E731
-    out, fallbacks = _run(fn, x, y, eager_ops=["aten.dist"])
+    out, fallbacks = _run(fn, x, y, eager_ops=[eager])
     torch.testing.assert_close(out, fn(x, y))
     assert fallbacks == ["aten.dist.default"]
 
