@@ -10,7 +10,7 @@ import math
 import torch
 import torch.fx as fx
 
-from neuron_dynamo.lowering import codegen
+from neuron_dynamo.lowering import codegen, int_ranges
 from neuron_dynamo.lowering.codegen import TILE_SHAPE, Emitter, Tile, emits
 from neuron_dynamo.lowering.creation import CREATION_OPS
 from neuron_dynamo.lowering.generated import run_single
@@ -443,7 +443,8 @@ def _refuse(node: fx.Node) -> str | None:
         return reason
     if packet in (aten.copy, aten.copy_) and node.args[0].meta["val"].shape != value.shape:
         return "a broadcasting copy"
-    if packet in (aten._to_copy, prims.convert_element_type) and value.dtype == torch.int64 and _is_float(node.args[0]):
+    if packet in (aten._to_copy, prims.convert_element_type) and value.dtype == torch.int64 and _is_float(
+            node.args[0]) and not int_ranges.magnitude(node.args[0]) < 2**31:
         return "a float → int64 cast (int64 lives as int32 on the device: values beyond it would saturate)"
     return integer_refusal(node, packet, value.dtype)
 

@@ -30,12 +30,13 @@ def magnitude(arg, depth: int = 0) -> float:
 
     A small value-range analysis: graph inputs can hold anything their dtype holds, but `arange(12) + 0` (position
     ids), a `full` value, a sum of bools, a select between bounded values are bounded, and arithmetic on them is
-    exact in fp32 while the bound stays below 2**24."""
+    exact in fp32 while the bound stays below 2**24. Float values derived from bounded ones are bounded too (the
+    source indices of an interpolation, `floor((arange(n) + 0.5) * scale)`): cast to int64 they fit int32."""
     if not isinstance(arg, fx.Node):
         return abs(arg) if isinstance(arg, (int, float)) else math.inf
     value = arg.meta.get("val")
-    if not isinstance(value, torch.Tensor) or value.dtype.is_floating_point or value.dtype.is_complex:
-        return math.inf
+    if not isinstance(value, torch.Tensor) or value.dtype.is_complex:
+        return math.inf  # (float values are bounded too when derived from bounded ones: `floor(arange(n) * 0.5)`)
     limit = INT_MAGNITUDE.get(value.dtype, math.inf)
     if depth > _MAX_DEPTH or arg.op != "call_function" or not hasattr(arg.target, "overloadpacket"):
         return limit
@@ -61,6 +62,10 @@ def _derived_magnitude(node: fx.Node, packet, depth: int) -> float:
         return bound(args[0])
     if packet in (aten.neg, aten.abs):
         return bound(args[0])
+    if packet in (aten.floor, aten.ceil, aten.trunc, aten.round):
+        return bound(args[0]) + 1
+    if packet is aten.div and not isinstance(args[1], fx.Node) and args[1] != 0:
+        return bound(args[0]) / abs(args[1])
     if packet is aten.mul:
         return bound(args[0]) * bound(args[1])
     if packet in (aten.add, aten.sub, aten.rsub):

@@ -362,3 +362,19 @@ def test_an_int64_input_beyond_int32_runs_the_graph_eagerly_never_wrong():
     x, y = torch.tensor([2**40, 3, 7]), torch.randn(3)
     torch.testing.assert_close(_compiled(fn)(x, y), fn(x, y))
     assert neuron_dynamo.stats()["graphs_failed"] == 1
+
+
+# ------------------------------------------------------------------------------------------------ float → int64
+def test_a_float_to_int64_cast_of_bounded_values_is_lowered_and_one_of_input_values_is_not():
+    """F.interpolate's source indices are `floor((arange(n) + 0.5) · scale)` cast to int64: bounded by the analysis,
+    so they fit the device's int32. A cast of an input's values could hold anything: it runs eagerly."""
+    x = torch.randn(1, 2, 5, 7)
+    for mode in ("nearest", "bilinear"):
+        fn = lambda t, mode=mode: torch.nn.functional.interpolate(t, scale_factor=1.7, mode=mode)  # noqa: E731
+        report, reasons = _explain(fn, x)
+        torch.testing.assert_close(report.output, fn(x), rtol=1e-5, atol=1e-5)
+        assert reasons == []
+    big = torch.tensor([3e9, -2.5, 7.9])
+    report, reasons = _explain(lambda t: t.long() + 1, big)
+    torch.testing.assert_close(report.output, big.long() + 1, rtol=0, atol=0)
+    assert any("float → int64 cast" in reason for reason in reasons), reasons
