@@ -75,39 +75,38 @@ def test_reduce_overhead_mode_is_accepted():
     torch.testing.assert_close(compiled(x), torch.relu(x) * 2)
 
 
-class ConvThenLinear(torch.nn.Module):
-    """aten.convolution has no lowering: it must run eagerly, correctly, and show up in the report."""
+class SortThenLinear(torch.nn.Module):
+    """aten.sort has no lowering (nor a decomposition): it must run eagerly, correctly, and show up in the report."""
 
     def __init__(self):
         super().__init__()
-        self.conv = torch.nn.Conv1d(4, 6, kernel_size=3)
-        self.linear = torch.nn.Linear(6, 5)
+        self.linear = torch.nn.Linear(10, 5)
 
     def forward(self, x):
-        return torch.softmax(self.linear(self.conv(x).transpose(1, 2)), dim=-1)
+        return torch.softmax(self.linear(x.sort(-1).values * 2), dim=-1)
 
 
 def test_op_without_lowering_runs_eagerly_matches_and_is_reported():
     torch.manual_seed(0)
-    model, x = ConvThenLinear(), torch.randn(2, 4, 10)
+    model, x = SortThenLinear(), torch.randn(2, 4, 10)
     with torch.no_grad():
         report = neuron_dynamo.explain(model, x)
         expected = model(x)
     torch.testing.assert_close(report.output, expected, atol=1e-6, rtol=1e-6)
     (graph,) = report.graphs
-    assert {"op": "aten.convolution.default", "reason": "unsupported op (no lowering registered)", "count": 1} in \
+    assert {"op": "aten.sort.default", "reason": "unsupported op (no lowering registered)", "count": 1} in \
         graph.fallback_ops
     assert graph.ops_lowered == graph.ops_total - 1
-    assert "aten.convolution.default" in str(report)
+    assert "aten.sort.default" in str(report)
 
 
 def test_fallback_error_raises_naming_the_op():
-    compiled = torch.compile(ConvThenLinear(), backend="neuron", options={"fallback": "error"})
+    compiled = torch.compile(SortThenLinear(), backend="neuron", options={"fallback": "error"})
     with pytest.raises(Exception) as error:
         compiled(torch.randn(2, 4, 10))
     original = _original_error(error.value)
     assert isinstance(original, FallbackError)
-    assert "aten.convolution.default" in str(original)
+    assert "aten.sort.default" in str(original)
     assert "eager_ops" in str(original)
 
 
