@@ -164,7 +164,7 @@ def _rounding(nl_name):
 
 for _op, _name in (
     (aten.reciprocal, "reciprocal"), (aten.exp, "exp"), (aten.log, "log"),
-    (aten.sqrt, "sqrt"), (aten.rsqrt, "rsqrt"), (aten.sin, "sin"), (aten.cos, "cos"), (aten.tanh, "tanh"),
+    (aten.sqrt, "sqrt"), (aten.rsqrt, "rsqrt"), (aten.tanh, "tanh"),
     (aten.erf, "erf"), (aten.sigmoid, "sigmoid"), (aten.silu, "silu"), (aten.mish, "mish"),
 ):
     emits(_op)(_unary(_name))

@@ -195,22 +195,47 @@ def _sinh(e, x):
 _HALF_PI_PARTS = (1.5703125, 4.837512969970703125e-4, 7.54978995489188216e-8)
 
 
-@emits(aten.tan)
-@_fp32_emitter
-def _tan(e, x):
-    """tan(x) = ±sin(r)/cos(r) or -cos(r)/sin(r) with x = k·π/2 + r, |r| ≤ π/4 (Cody-Waite, so r keeps fp32
-    precision near the poles), the sines taken inside the activation's valid range."""
+def _reduce_half_pi(e: Emitter, x: Tile) -> tuple[Tile, Tile, Tile]:
+    """x = k·π/2 + r with |r| ≤ π/4 (Cody-Waite: π/2 in three parts, the first 201/128, so k·201/128 is exact while
+    k·201 < 2**24: |x| up to 1.3e5), and sin r, cos r from the activation inside its valid range.
+    `nl.sin`'s own reduction (through x + π, modulo 2π) is off by 3e-4 at x = 1e4 already: rotary-embedding angles
+    (position × frequency) reach 1e5 at long contexts."""
     quadrant = e.call("nl.copy", _f(e, "nl.multiply", x, 2.0 / math.pi), dtype="int32")  # the nearest integer
     k = _f(e, "nl.copy", quadrant)
     r = x
     for part in _HALF_PI_PARTS:
         r = _f(e, "nl.subtract", r, _f(e, "nl.multiply", k, part))
-    sin_r = _activation(e, "nl.sin", r)
-    cos_r = _activation(e, "nl.sin", _f(e, "nl.add", r, math.pi / 2))
+    return quadrant, _activation(e, "nl.sin", r), _activation(e, "nl.sin", _f(e, "nl.add", r, math.pi / 2))
+
+
+@emits(aten.tan)
+@_fp32_emitter
+def _tan(e, x):
+    """tan(x) = sin(r)/cos(r) for an even quadrant k, -cos(r)/sin(r) for an odd one (r keeps fp32 precision near
+    the poles)."""
+    quadrant, sin_r, cos_r = _reduce_half_pi(e, x)
     odd = e.call("nl.bitwise_and", quadrant, 1, dtype="uint8")
     direct = _f(e, "nl.multiply", sin_r, _f(e, "nl.reciprocal", cos_r))
     flipped = _f(e, "nl.multiply", cos_r, _f(e, "nl.reciprocal", _f(e, "nl.multiply", sin_r, -1.0)))
     return _where(e, odd, flipped, direct)
+
+
+def _sine(shift: int):
+    """sin(x + shift·π/2): quadrant q = k + shift (mod 4) picks sin r, cos r, -sin r or -cos r."""
+
+    def compute(e, x):
+        quadrant, sin_r, cos_r = _reduce_half_pi(e, x)
+        q = e.call("nl.bitwise_and", e.call("nl.add", quadrant, shift, dtype="int32"), 3, dtype="int32")
+        odd = e.call("nl.bitwise_and", q, 1, dtype="uint8")
+        value = _where(e, odd, cos_r, sin_r)
+        negative = e.call("nl.greater", q, 1, dtype="uint8")
+        return _where(e, negative, _f(e, "nl.multiply", value, -1.0), value)
+
+    return compute
+
+
+emits(aten.sin)(_fp32_emitter(_sine(0)))
+emits(aten.cos)(_fp32_emitter(_sine(1)))
 
 
 _BIG = 2.0**12  # beyond it asinh and acosh are log(2|x|) to fp32 precision (and x² would overflow later)

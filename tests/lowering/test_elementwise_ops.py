@@ -148,3 +148,14 @@ def test_refusals_say_why(fn, inputs, expected):
 def test_fractional_arange_into_integers_is_refused():
     reasons = _refusals(lambda t: t + torch.arange(0.5, 5.5, 1.0, dtype=torch.int32), torch.zeros(5, dtype=torch.int32))
     assert any("integer dtype" in reason for reason in reasons), reasons
+
+
+def test_sin_cos_tan_of_rotary_angles_at_long_contexts():
+    """Rotary embeddings take sin/cos of position × frequency: at 128k positions the angles reach 1.3e5, where
+    `nl.sin`'s own range reduction is off by 4e-3; the emitters reduce by π/2 in three parts (exact to about 1e5)."""
+    positions = torch.arange(0, 131072, 97, dtype=torch.float32)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, 8, 2, dtype=torch.float32) / 8))
+    fn = lambda p, f: (torch.outer(p, f).sin(), torch.outer(p, f).cos())  # noqa: E731
+    _check(fn, positions, inv_freq, atol=1e-4)
+    special = torch.tensor([0.0, -0.0, 1e-30, 3.14159265, 1e4, 1e5, -1e5, math.inf, -math.inf, math.nan])
+    _check(lambda t: (t.sin(), t.cos(), t.tan()), special, atol=1e-4)
