@@ -163,8 +163,7 @@ def _rounding(nl_name):
 
 
 for _op, _name in (
-    (aten.reciprocal, "reciprocal"), (aten.exp, "exp"), (aten.log, "log"),
-    (aten.sqrt, "sqrt"), (aten.rsqrt, "rsqrt"), (aten.tanh, "tanh"),
+    (aten.reciprocal, "reciprocal"), (aten.exp, "exp"), (aten.sqrt, "sqrt"), (aten.rsqrt, "rsqrt"), (aten.tanh, "tanh"),
     (aten.erf, "erf"), (aten.sigmoid, "sigmoid"), (aten.silu, "silu"), (aten.mish, "mish"),
 ):
     emits(_op)(_unary(_name))
@@ -196,9 +195,37 @@ def _exp2(e, dt, a):
     return e.call("nl.exp", e.call("nl.multiply", a, math.log(2.0), dtype="float32"), dtype=dt)
 
 
+_LOG_RANGE = (2.0**-64, 2.0**64)  # where ScalarE's log is valid (reference/nki.md §1.9)
+
+
+def log_of(e: Emitter, a) -> Tile:
+    """The natural log of a tile on all of fp32, as fp32: the activation is only valid on [2**-64, 2**64], so x is
+    scaled into it by powers of 2**64 (exact) and 64·ln 2 per step added back; 0 gives -inf, a negative or NaN
+    gives NaN and inf gives inf, as torch does."""
+    f32 = lambda fn, *args: e.call(fn, *args, dtype="float32")  # noqa: E731
+    mask = lambda fn, *args: e.call(fn, *args, dtype="uint8")  # noqa: E731
+    x = a if a.dtype == "float32" else f32("nl.copy", a)
+    low, high = _LOG_RANGE
+    big, tiny, tinier = mask("nl.greater", x, high), mask("nl.less", x, low), mask("nl.less", x, low * low)
+    scaled = f32("nl.where", big, f32("nl.multiply", x, low), f32("nl.where", tiny, f32("nl.multiply", x, high), x))
+    scaled = f32("nl.where", tinier, f32("nl.multiply", scaled, high), scaled)  # subnormals take two steps
+    steps = f32("nl.add", f32("nl.where", big, 1.0, f32("nl.where", tiny, -1.0, 0.0)),
+                f32("nl.where", tinier, -1.0, 0.0))
+    inside = f32("nl.minimum", f32("nl.maximum", scaled, low), high)  # 0, negatives and inf: fixed below
+    result = f32("nl.add", f32("nl.log", inside), f32("nl.multiply", steps, 64 * math.log(2.0)))
+    result = f32("nl.where", mask("nl.equal", x, 0.0), -math.inf, result)
+    result = f32("nl.where", mask("nl.equal", x, math.inf), math.inf, result)
+    return f32("nl.where", mask("nl.less", x, 0.0), math.nan, f32("nl.where", mask("nl.not_equal", x, x), x, result))
+
+
+@emits(aten.log)
+def _log(e, dt, a):
+    return e.call("nl.copy", log_of(e, a), dtype=dt)
+
+
 @emits(aten.log2)
 def _log2(e, dt, a):
-    return e.call("nl.multiply", e.call("nl.log", a, dtype="float32"), 1.0 / math.log(2.0), dtype=dt)
+    return e.call("nl.multiply", log_of(e, a), 1.0 / math.log(2.0), dtype=dt)
 
 
 @emits(aten.gelu)
@@ -221,7 +248,7 @@ def _pow(e, dt, a, b):
             result = e.call("nl.multiply", result, a, dtype="float32")
         return e.call("nl.copy", result, dtype=dt)
     # |a|^b via exp(b · ln|a|): what torch gives for the non-negative bases that a fractional power admits
-    logged = e.call("nl.log", e.call("nl.abs", a, dtype="float32"), dtype="float32")
+    logged = log_of(e, e.call("nl.abs", a, dtype="float32"))
     return e.call("nl.exp", e.call("nl.multiply", logged, float(b), dtype="float32"), dtype=dt)
 
 

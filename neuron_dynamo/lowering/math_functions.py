@@ -14,7 +14,7 @@ import torch
 
 from neuron_dynamo.lowering import codegen
 from neuron_dynamo.lowering.codegen import TILE_SHAPE, Emitter, Tile, emits
-from neuron_dynamo.lowering.elementwise import INT_DTYPES, all_integer, binary, maximum, minimum
+from neuron_dynamo.lowering.elementwise import INT_DTYPES, all_integer, binary, log_of, maximum, minimum
 
 aten = torch.ops.aten
 
@@ -74,7 +74,7 @@ def _log1p_of(e: Emitter, u: Tile) -> Tile:
     w = _f(e, "nl.add", u, 1.0)
     d = _f(e, "nl.subtract", w, 1.0)
     ratio = _where(e, _mask(e, "nl.equal", w, math.inf), 1.0, _f(e, "nl.multiply", u, _f(e, "nl.reciprocal", d)))
-    return _where(e, _mask(e, "nl.equal", d, 0.0), u, _f(e, "nl.multiply", _f(e, "nl.log", w), ratio))
+    return _where(e, _mask(e, "nl.equal", d, 0.0), u, _f(e, "nl.multiply", log_of(e, w), ratio))
 
 
 def _expm1_of(e: Emitter, u: Tile) -> Tile:
@@ -124,7 +124,7 @@ def _log1p(e, x):
 @emits(aten.log10)
 @_fp32_emitter
 def _log10(e, x):
-    return _f(e, "nl.multiply", _f(e, "nl.log", x), 1.0 / math.log(10.0))
+    return _f(e, "nl.multiply", log_of(e, x), 1.0 / math.log(10.0))
 
 
 @emits(aten.atan)
@@ -250,7 +250,7 @@ def _asinh(e, x):
     a2 = _f(e, "nl.multiply", a, a)
     root = _f(e, "nl.sqrt", _f(e, "nl.add", a2, 1.0))
     u = _f(e, "nl.add", a, _f(e, "nl.multiply", a2, _f(e, "nl.reciprocal", _f(e, "nl.add", root, 1.0))))
-    far = _f(e, "nl.add", _f(e, "nl.log", ax), LN2)
+    far = _f(e, "nl.add", log_of(e, ax), LN2)
     magnitude = _where(e, _mask(e, "nl.greater", ax, _BIG), far, _log1p_of(e, u))
     return _where(e, _mask(e, "nl.less", x, 0.0), _f(e, "nl.multiply", magnitude, -1.0), magnitude)
 
@@ -262,7 +262,7 @@ def _acosh(e, x):
     a = _f(e, "nl.minimum", x, _BIG)
     below = _f(e, "nl.subtract", a, 1.0)
     u = _f(e, "nl.add", below, _sqrt(e, _f(e, "nl.multiply", below, _f(e, "nl.add", a, 1.0))))
-    far = _f(e, "nl.add", _f(e, "nl.log", x), LN2)
+    far = _f(e, "nl.add", log_of(e, x), LN2)
     result = _where(e, _mask(e, "nl.greater", x, _BIG), far, _log1p_of(e, u))
     return _where(e, _mask(e, "nl.less", x, 1.0), math.nan, result)
 

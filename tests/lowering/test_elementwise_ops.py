@@ -2,6 +2,7 @@
 against eager: special values (±0, ±inf, NaN, the edges of each domain), bf16, 0-dim, empty and non-contiguous
 inputs, and the cases the backend refuses, with their reasons."""
 
+import logging
 import math
 
 import pytest
@@ -159,3 +160,14 @@ def test_sin_cos_tan_of_rotary_angles_at_long_contexts():
     _check(fn, positions, inv_freq, atol=1e-4)
     special = torch.tensor([0.0, -0.0, 1e-30, 3.14159265, 1e4, 1e5, -1e5, math.inf, -math.inf, math.nan])
     _check(lambda t: (t.sin(), t.cos(), t.tan()), special, atol=1e-4)
+
+
+def test_logs_stay_inside_the_activation_range_on_all_of_fp32(caplog):
+    """ScalarE's log is valid on [2**-64, 2**64] only (the interpreter warns outside, where hardware is invalid):
+    subnormals, 0, huge values and inf are scaled into it, and the answers are still eager's."""
+    x = torch.tensor([0.0, -0.0, 1e-45, 1e-40, 2.0**-130, 1e-30, 2.0**-64, 1e-10, 0.5, 1.0, 3.0, 1e10, 2.0**64,
+                      1e25, 3e38, math.inf, -1.0, -math.inf, math.nan])
+    with caplog.at_level(logging.WARNING, logger="neuron_dynamo.nki"):
+        for fn in (torch.log, torch.log2, torch.log10, torch.log1p, lambda t: t.abs() ** 0.3):
+            _check(fn, x, rtol=1e-5, atol=1e-6)
+    assert not [r for r in caplog.records if "outside its valid ScalarE range" in r.getMessage()]
