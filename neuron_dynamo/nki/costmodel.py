@@ -122,6 +122,10 @@ class Instruction:
     dma_bytes: int = 0  # DMA only: bytes moved
     flops: int = 0  # useful FLOPs (matmul: 2*K*M*N) for utilisation figures
     extra: dict = field(default_factory=dict)  # op-specific facts: alu op name, K, M, contiguity, ...
+    # What the instruction touches, for dependency tracking: one (storage id, (first partition, last partition,
+    # first byte, last byte)) per input / for the output. Storage ids are only compared within one kernel run.
+    reads: tuple = ()
+    writes: tuple = ()
 
 
 @dataclass(frozen=True)

@@ -256,8 +256,19 @@ def _record(ctx, op, eng, p, f, ins, dst, **extra) -> None:
             dma_bytes=dma_bytes,
             flops=flops,
             extra=extra,
+            reads=tuple(_access(t) for t in ins),
+            writes=(_access(dst),) if dst is not None else (),
         )
     )
+
+
+def _access(t: NkiTensor) -> tuple[int, tuple[int, int, int, int]]:
+    """The storage and the region of it an instruction operand touches (the cost model orders on these); an
+    indirect access (no fixed view) may touch all of it."""
+    return id(t._s), _extent(t) if t._a is not None else (0, _EVERYWHERE, 0, _EVERYWHERE)
+
+
+_EVERYWHERE = 2**62
 
 
 def _scalar_operand(op: str, what: str, x, p: int):
