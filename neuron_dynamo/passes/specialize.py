@@ -70,14 +70,43 @@ def specialize(gm: fx.GraphModule, values: Mapping[sympy.Symbol, int]) -> Static
             args[index] = tensor
         for index, constant in constants.items():
             args[index] = constant
-        return fx.Interpreter(gm).run(*args)
+        return _Retrace(gm).run(*args)
 
     try:
         with torch.no_grad():  # graph constants (get_attr) are real tensors: allowed next to the fake inputs
             static = make_fx(run, tracing_mode="fake", _allow_non_fake_inputs=True)(*examples)
+        _Retrace.drop_failed_views(static)
     except Exception as error:  # a guard or an op that cannot take these sizes
         raise SpecializationError(f"could not trace the graph at sizes {_show(values)}: {error}") from error
     return StaticGraph(static, examples, tensor_inputs)
+
+
+class _Retrace(fx.Interpreter):
+    """Runs a functional graph at new sizes, copying where a recorded view no longer applies.
+
+    A `view` is recorded for the strides seen at trace time. The padding proof inserts masks (`masked_fill`,
+    `where`) whose results take TensorIterator's layout rather than the masked input's, so at a bucket's sizes a
+    later `view` can meet strides it cannot view. In a functional graph nothing writes through a view, so the copy
+    a `reshape` makes there computes the same values.
+    """
+
+    VIEWS = (torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default)
+
+    def call_function(self, target, args, kwargs):
+        if target not in self.VIEWS:
+            return super().call_function(target, args, kwargs)
+        try:
+            return super().call_function(target, args, kwargs)
+        except Exception:  # noqa: BLE001 - retried as a copy, which raises again if the shape itself is wrong
+            return torch.ops.aten.reshape.default(*args, **kwargs)
+
+    @classmethod
+    def drop_failed_views(cls, gm: fx.GraphModule) -> None:
+        """The tracer records a view before its fake run fails: those nodes are left without users."""
+        for node in list(gm.graph.nodes):
+            if node.op == "call_function" and node.target in cls.VIEWS and not node.users:
+                gm.graph.erase_node(node)
+        gm.recompile()
 
 
 def _show(values: Mapping[sympy.Symbol, int]) -> str:
