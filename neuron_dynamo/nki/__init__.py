@@ -7,7 +7,8 @@
 The genuine package is detected without importing it: a top-level `nki` *package* with `language` and `isa`
 subpackages, whose `__init__` is not PyPI's "WRONG PACKAGE" placeholder. Importing this module is cheap and has no
 side effects: the interpreter (NumPy, ml_dtypes) loads on first attribute access. `make_importable()` registers the
-interpreter as `nki`, `nki.language`, `nki.isa` in `sys.modules`, so kernel files that say `import nki` run on it.
+interpreter as `nki`, `nki.language`, `nki.isa`, `nki.typing` in `sys.modules`, so kernel files that say `import nki`
+run on it.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ _PLACEHOLDER_MARK = "WRONG PACKAGE"
 _genuine_cache: list[bool] = []
 
 __all__ = [
-    "jit", "simulate", "language", "isa", "Kernel", "NkiValidationError", "toolchain_info", "make_importable",
+    "jit", "simulate", "language", "isa", "typing", "dtype", "Kernel", "NkiValidationError", "toolchain_info",
+    "make_importable",
     "genuine_available",
 ]
 
@@ -63,12 +65,14 @@ def _backend():
 
 
 def __getattr__(name: str):
-    if name in ("language", "isa"):
+    if name in ("language", "isa", "typing"):
         module = importlib.import_module(f"nki.{name}" if genuine_available() else f"neuron_dynamo.nki.{name}")
         globals()[name] = module
         return module
     if name in ("jit", "simulate"):
         return getattr(_backend(), name)
+    if name == "dtype":  # `nki.dtype`: the type of a dtype in annotations (`compute_dtype: nki.dtype`); NKI spells
+        return str  # dtypes as strings (`nl.DType = str`)
     if name == "Kernel":
         return importlib.import_module("neuron_dynamo.nki.runtime").Kernel
     if name == "NkiValidationError":
@@ -101,6 +105,8 @@ def make_importable() -> None:
     this = sys.modules[__name__]
     language = importlib.import_module("neuron_dynamo.nki.language")
     isa = importlib.import_module("neuron_dynamo.nki.isa")
+    typing = importlib.import_module("neuron_dynamo.nki.typing")
     sys.modules["nki"] = this
     sys.modules["nki.language"] = language
     sys.modules["nki.isa"] = isa
+    sys.modules["nki.typing"] = typing

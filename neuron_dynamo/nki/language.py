@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import dataclasses
 import math
 
 import numpy as np
@@ -19,6 +20,7 @@ import numpy as np
 from neuron_dynamo.nki import dtypes, isa
 from neuron_dynamo.nki.context import current
 from neuron_dynamo.nki.errors import NkiValidationError
+from neuron_dynamo.nki.isa.operands import _record, _touch
 from neuron_dynamo.nki.target import tile_size
 from neuron_dynamo.nki.tensor import HBM, MemoryRegion, NkiTensor, allocate
 
@@ -49,7 +51,82 @@ __all__ = ["NkiTensor", "MemoryRegion", "tile_size"]  # plus every public name b
 
 
 class NKIObject:
-    """Base class of user classes passed into kernels (the NKI compiler requires it)."""
+    """Base class of user classes passed into kernels (the NKI compiler requires it).
+
+    NKI treats every such class as a data class, with or without `@dataclass` (nki-language-guide.rst, "Class
+    Support"): unless the class defines `__init__`, the compiler's initializer takes each class field (annotated or
+    not) as an optional argument, default None or the field's default, then calls `__post_init__`. A subclass gets
+    that initializer at creation, so a later `@dataclass` keeps it (it never replaces an `__init__` in the class).
+    """
+
+    def __init__(self, **kwargs) -> None:
+        for key, value in kwargs.items():
+            object.__setattr__(self, key, value)
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if "__init__" not in cls.__dict__:
+            cls.__init__ = _nki_object_init
+
+
+def _nki_object_fields(cls) -> list[tuple[str, object]]:
+    """(name, default factory) of the class fields in definition order, base classes first."""
+    fields: dict[str, object] = {}
+    for klass in reversed(cls.__mro__[:-1]):
+        dc = klass.__dict__.get("__dataclass_fields__", {})
+        names = list(klass.__dict__.get("__annotations__", {}))
+        names += [n for n, v in klass.__dict__.items() if n not in names and _is_field_value(n, v)]
+        for name in names:
+            f = dc.get(name)
+            if f is not None and f.default_factory is not dataclasses.MISSING:
+                fields[name] = f.default_factory
+            else:
+                default = klass.__dict__.get(name, None)
+                fields[name] = (lambda d=default: d)
+    return list(fields.items())
+
+
+def _is_field_value(name: str, value) -> bool:
+    return not name.startswith("__") and not callable(value) and not isinstance(
+        value, (property, classmethod, staticmethod, dataclasses.Field)
+    )
+
+
+def _nki_object_init(self, *args, **kwargs) -> None:
+    fields = _nki_object_fields(type(self))
+    if len(args) > len(fields):
+        _fail("nki-object", f"{type(self).__name__}() takes {len(fields)} field values, got {len(args)}")
+    names = [name for name, _ in fields]
+    unknown = [k for k in kwargs if k not in names]
+    if unknown:
+        _fail("nki-object", f"{type(self).__name__}() has no field {unknown[0]!r}; fields: {', '.join(names)}")
+    for k, (name, default) in enumerate(fields):
+        value = args[k] if k < len(args) else kwargs[name] if name in kwargs else default()
+        object.__setattr__(self, name, value)
+    post = getattr(self, "__post_init__", None)
+    if post is not None:
+        post()
+
+
+DType = str  # NKI spells a dtype as a string (the 0.6 stub: `DType = str`)
+
+
+def is_hbm(buffer) -> bool:
+    """True for nl.hbm / nl.private_hbm / nl.shared_hbm."""
+    return MemoryRegion(buffer).value in HBM
+
+
+def is_on_chip(buffer) -> bool:
+    """True for nl.sbuf and nl.psum."""
+    return MemoryRegion(buffer).value in ("sbuf", "psum")
+
+
+def is_psum(buffer) -> bool:
+    return MemoryRegion(buffer) is MemoryRegion.psum
+
+
+def is_sbuf(buffer) -> bool:
+    return MemoryRegion(buffer) is MemoryRegion.sbuf
 
 
 def _fail(rule: str, message: str):
@@ -143,6 +220,15 @@ def fori_loop(lower, upper, body_fun, step=1):
         _fail("fori-loop", f"nl.fori_loop: step must be a positive compile-time int, got {step!r}")
     for i in range(lower, upper, step):
         body_fun(i)
+
+
+def while_loop(init, body_fun):
+    """Runtime `while r != 0: r = body_fun(r)`; the body gets the condition register by value and returns the next."""
+    r = init
+    while int(r) != 0:
+        r = body_fun(isa.VirtualRegister(int(r)))
+        if not isinstance(r, isa.VirtualRegister):
+            _fail("while-loop", "nl.while_loop: body_fun must return the next condition register (a VirtualRegister)")
 
 
 def no_reorder():
@@ -408,6 +494,21 @@ identity = _unary_activation("identity")
 copy._nki_op = "copy"  # `op=nl.copy` in nisa.activation is the identity activation
 
 
+def _operator(name: str, doc: str):
+    """An operator that only names an instruction's `op=` (no convenience function of its own)."""
+
+    def op(*args, **kwargs):
+        _fail("operator-only", f"nl.{name} is an operator for ISA instructions (op=nl.{name}), not a function")
+
+    op.__name__, op.__doc__, op._nki_op = name, doc, name
+    return op
+
+
+prelu = _operator("prelu", "Parametric ReLU activation (slope `relu_param` for negative inputs; nisa.activate2).")
+bypass = _operator("bypass", "No-op stage of a tensor-scalar pipeline (op0/op1 of nisa.activate2, tensor_scalar).")
+average = _operator("average", "Mean of the operands / reduced elements (ALU operator).")
+
+
 @_nki_op("rsqrt")
 def rsqrt(x, dtype=None):
     """1/sqrt(x) (GpSimd since NKI 0.5: PSUM inputs are rejected)."""
@@ -504,10 +605,10 @@ def var(x, axis, dtype=None, keepdims=False):
     out._write(values.var(axis=axes, keepdims=True, dtype=np.float32))
     ctx = current()
     p, f = x.shape[0], math.prod(x.shape[1:])
-    isa._touch(ctx, (x, out))
+    _touch(ctx, (x, out))
     for chunk in range(0, f, tile_size.bn_stats_fmax):
-        isa._record(ctx, "bn_stats", "vector", p, builtins.min(tile_size.bn_stats_fmax, f - chunk), (x,), out)
-    isa._record(ctx, "bn_aggr", "vector", p, 3 * -(-f // tile_size.bn_stats_fmax), (x,), out)
+        _record(ctx, "bn_stats", "vector", p, builtins.min(tile_size.bn_stats_fmax, f - chunk), (x,), out)
+    _record(ctx, "bn_aggr", "vector", p, 3 * -(-f // tile_size.bn_stats_fmax), (x,), out)
     return out
 
 
@@ -618,8 +719,8 @@ def gather_flattened(data, indices, axis=0, dtype=None):
     out = _out(indices.shape, dtype or data.dtype)
     out._write(np.take_along_axis(np.asarray(data._read()).reshape(p, f), idx, axis=1))
     ctx = current()
-    isa._touch(ctx, (data, indices, out))
-    isa._record(ctx, "local_gather", "gpsimd", p, idx.shape[1], (data, indices), out)
+    _touch(ctx, (data, indices, out))
+    _record(ctx, "local_gather", "gpsimd", p, idx.shape[1], (data, indices), out)
     return out
 
 
@@ -648,6 +749,6 @@ def transpose(x, dtype=None):
     return out
 
 
-_INTERNAL = {"annotations", "builtins", "contextlib", "math", "np", "dtypes", "isa", "current", "NkiValidationError",
-             "HBM", "allocate"}
+_INTERNAL = {"annotations", "builtins", "contextlib", "dataclasses", "math", "np", "dtypes", "isa", "current",
+             "NkiValidationError", "HBM", "allocate"}
 __all__ += [n for n in list(globals()) if not n.startswith("_") and n not in _INTERNAL]

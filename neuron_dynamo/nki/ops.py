@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from neuron_dynamo.nki.context import current
 from neuron_dynamo.nki.errors import NkiValidationError
 
 _F32 = np.float32
@@ -32,12 +33,26 @@ def _sub_reduce(x, axis):
 
 @dataclass(frozen=True)
 class AluOp:
-    """One ALU operator: its NKI name, kind ("arith" | "bitvec"), element-wise function and reduction."""
+    """One ALU operator: its NKI name, kind ("arith" | "bitvec"), element-wise function and reduction.
+
+    Unary operators of the operator table (abs, square, relu, rsqrt, reciprocal, invert) take the ALU's two-operand
+    form and ignore the second operand; `min_nc_version` marks operators only newer NeuronCores have.
+    """
 
     name: str
     kind: str
     fn: object
     reduce: object = None  # reduce(x, axis_tuple) -> array, for the legal reduction operators
+    min_nc_version: int = 2
+
+
+def _unary(fn):
+    return lambda a, b: fn(a)
+
+
+def _by_magnitude(pick):
+    """abs_max/abs_min: the signed operand of larger/smaller magnitude; a tie gives the second operand (nl docs)."""
+    return lambda a, b: np.where(pick(np.abs(a), np.abs(b)), a, b).astype(_F32)
 
 
 def _bit_reduce(ufunc):
@@ -71,8 +86,16 @@ ALU: dict[str, AluOp] = {
         AluOp("logical_xor", "arith", _logical(np.logical_xor),
               lambda x, ax: (np.sum(x != 0, axis=ax) % 2).astype(_F32)),
         AluOp("power", "arith", np.power),
-        AluOp("abs_max", "arith", lambda a, b: np.maximum(np.abs(a), np.abs(b))),
-        AluOp("abs_min", "arith", lambda a, b: np.minimum(np.abs(a), np.abs(b))),
+        AluOp("abs_max", "arith", _by_magnitude(np.greater), min_nc_version=4),
+        AluOp("abs_min", "arith", _by_magnitude(np.less), min_nc_version=4),
+        AluOp("average", "arith", lambda a, b: (a + b) * _F32(0.5), lambda x, ax: np.mean(x, axis=ax, dtype=_F32)),
+        AluOp("bypass", "arith", lambda a, b: a),
+        AluOp("abs", "arith", _unary(np.abs)),
+        AluOp("square", "arith", _unary(np.square)),
+        AluOp("relu", "arith", _unary(lambda x: np.maximum(x, _F32(0)))),
+        AluOp("rsqrt", "arith", _unary(lambda x: (_F32(1) / np.sqrt(x)).astype(_F32, copy=False))),
+        AluOp("reciprocal", "arith", _unary(lambda x: (_F32(1) / x).astype(_F32, copy=False))),
+        AluOp("invert", "bitvec", _unary(np.invert)),
         AluOp("fmod", "arith", np.fmod),
         AluOp("mod", "arith", np.mod),
         AluOp("bitwise_and", "bitvec", np.bitwise_and, _bit_reduce(np.bitwise_and)),
@@ -91,6 +114,7 @@ _NUMPY_ALU = {
     np.logical_and: "logical_and", np.logical_or: "logical_or", np.logical_xor: "logical_xor", np.power: "power",
     np.bitwise_and: "bitwise_and", np.bitwise_or: "bitwise_or", np.bitwise_xor: "bitwise_xor",
     np.left_shift: "left_shift", np.right_shift: "right_shift", np.fmod: "fmod", np.mod: "mod",
+    np.abs: "abs", np.square: "square", np.reciprocal: "reciprocal", np.invert: "invert",
 }
 # nl reductions passed as ALU ops (op=nl.max in tensor_reduce) name the element-wise operator they reduce with
 _REDUCTION_ALIASES = {"sum": "add", "max": "maximum", "min": "minimum", "prod": "multiply", "all": "logical_and"}
@@ -105,11 +129,25 @@ def resolve_alu(op, what: str = "op") -> AluOp:
             name = None
     name = _REDUCTION_ALIASES.get(name, name)
     if name in ALU:
-        return ALU[name]
+        alu = ALU[name]
+        if alu.min_nc_version > 2:
+            _check_generation(alu)
+        return alu
     raise NkiValidationError(
         "alu-op", f"{what}={getattr(op, '__name__', op)!r} is not an NKI ALU operator; use nl.add, nl.multiply, "
         f"nl.maximum, ... (one of {', '.join(ALU)})"
     )
+
+
+def _check_generation(alu: AluOp) -> None:
+
+
+    limits = current().limits
+    if limits.nc_version < alu.min_nc_version:
+        raise NkiValidationError(
+            "alu-op", f"{alu.name} is available only on NeuronCore-v{alu.min_nc_version} (trn3) and newer; the target "
+            f"is {limits.name}. Compare magnitudes with nl.abs and nl.maximum / nl.minimum instead"
+        )
 
 
 def _erf(x: np.ndarray) -> np.ndarray:
@@ -155,6 +193,7 @@ ACTIVATIONS: dict[str, object] = {
     "square": np.square,
     "sigmoid": _sigmoid,
     "relu": lambda x: np.maximum(x, _F32(0)),
+    "prelu": lambda x: np.maximum(x, _F32(0)),  # slope 0 unless nisa.activate2 passes relu_param
     "gelu": _gelu,
     "gelu_dx": _gelu_dx,
     "gelu_apprx_tanh": _gelu_tanh,

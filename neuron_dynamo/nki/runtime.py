@@ -228,7 +228,8 @@ class Kernel:
             launch.run([body(ctx) for ctx in contexts])
         result = results[0]
         profiles = [ctx.cost.profile() for ctx in contexts] if want_profile else []
-        converted = self._convert_outputs(result, use_torch, set())
+        arg_storages = {id(arg.tensor._s) for arg in arguments}
+        converted = self._convert_outputs(result, use_torch, set(), arg_storages)
         for arg in arguments:
             if arg.tensor._s.written:
                 arg.write_back()
@@ -236,17 +237,19 @@ class Kernel:
             return converted
         return converted, profiles[0] if len(profiles) == 1 else combine_profiles(profiles)
 
-    def _convert_outputs(self, out, use_torch: bool, handed_out: set[int]):
+    def _convert_outputs(self, out, use_torch: bool, handed_out: set[int], arg_storages: set[int]):
+        """The kernel's results as the caller's arrays. A kernel may return one of its own arguments (an output
+        passed in, as AWS's scatter example does): that tensor is the caller's, whatever its HBM kind."""
         if out is None:
             return None
         if isinstance(out, (tuple, list)):
-            return type(out)(self._convert_outputs(o, use_torch, handed_out) for o in out)
+            return type(out)(self._convert_outputs(o, use_torch, handed_out, arg_storages) for o in out)
         if not isinstance(out, NkiTensor):
             raise NkiValidationError(
                 "kernel-output", f"kernel {self.fn.__name__} returned {type(out).__name__}; return NKI tensors",
                 self._site(),
             )
-        if out._s.buffer != "shared_hbm":
+        if out._s.buffer != "shared_hbm" and id(out._s) not in arg_storages:
             raise NkiValidationError(
                 "output-shared-hbm",
                 f"kernel {self.fn.__name__} returns a tensor in {out._s.buffer}; kernel outputs must be allocated "
@@ -265,7 +268,14 @@ class Kernel:
 
 
 def jit(fn=None, **kwargs):
-    """`@nki.jit` / `@nki.jit(...)`: make `fn` a `Kernel` (options are accepted and kept, not interpreted)."""
+    """`@nki.jit` / `@nki.jit(...)`: make `fn` a `Kernel` (options are kept, not interpreted; `mode=` is ignored as
+    in NKI 0.3+; `platform_target=` raises as in NKI 0.3+, the migration guide's breaking change)."""
+    if "platform_target" in kwargs:
+        raise NkiValidationError(
+            "removed-api",
+            f"nki.jit(platform_target={kwargs['platform_target']!r}) was removed in NKI 0.3; set the target with "
+            "the environment variable NEURON_PLATFORM_TARGET_OVERRIDE=trn1|trn2|trn3 instead",
+        )
     if fn is None:
         return lambda f: Kernel(f, options=kwargs)
     return Kernel(fn, options=kwargs)

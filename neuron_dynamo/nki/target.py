@@ -100,10 +100,21 @@ class _TileSize:
 
     @property
     def sbuf_size_bytes(self) -> int:
+        """Total SBUF capacity over all partitions (nki.language.tile_size.rst), `pmax * sbuf_fmax_bytes`."""
+        limits = current_limits()
+        return limits.pmax * limits.sbuf_partition_bytes
+
+    @property
+    def sbuf_fmax_bytes(self) -> int:
+        """Usable SBUF bytes per partition."""
         return current_limits().sbuf_partition_bytes
 
-    sbuf_fmax_bytes = sbuf_size_bytes
-    total_available_sbuf_size = sbuf_size_bytes
+    total_available_sbuf_size = sbuf_fmax_bytes  # deprecated 0.4: per partition despite its name
+
+    # byte alignment of free-dim addresses: the docs name these constants without values; one fp32 element (the
+    # PSUM accumulation word) and 4 bytes of SBUF are what the interpreter assumes
+    psum_min_align = 4
+    sbuf_min_align = 4
 
     @property
     def sbuf_fmax(self) -> int:

@@ -285,10 +285,55 @@ class NkiTensor:
         return self[tuple(key)]
 
     def select(self, dim, index) -> NkiTensor:
+        """`index` an int, or (dynamic select) a tensor holding the index, which the interpreter reads now."""
         d = self._check_dim(dim, allow_partition=True)
+        if isinstance(index, NkiTensor):
+            if d == 0 and self._onchip():
+                raise NkiValidationError("partition-dim", "a dynamic select of an SBUF/PSUM tensor may not index dim 0")
+            index = int(np.asarray(index._read()).reshape(-1)[0])
         key = [slice(None)] * self.ndim
         key[d] = index
         return self[tuple(key)]
+
+    def vector_select(self, dim, vector_offset) -> NkiTensor:
+        """Per-partition gather along dim 0 of an HBM tensor: row p of the result is row `vector_offset[p]`."""
+        self._direct("vector_select")
+        if _int(dim, "a dimension") != 0:
+            raise NkiValidationError("vector-select", f"vector_select indexes dim 0 only, got dim {dim}")
+        if self._onchip():
+            raise NkiValidationError("vector-select", "vector_select is supported on HBM tensors only")
+        if not isinstance(vector_offset, NkiTensor) or vector_offset.ndim != 2 or vector_offset.shape[1] != 1:
+            raise NkiValidationError("vector-select", "vector_offset must be an SBUF tensor of shape (partitions, 1)")
+        pattern = self.get_pattern()
+        pattern[0][1] = vector_offset.shape[0]
+        return self.ap(pattern, offset=self.offset, vector_offset=vector_offset, indirect_dim=0)
+
+    def rearrange(self, src_pattern, dst_pattern, fixed_sizes=None) -> NkiTensor:
+        """einops-style `('b', ('h', 'w')) -> ('b', 'w', 'h')`: split, reorder and merge dims as one view."""
+        self._direct("rearrange")
+        sizes = dict(fixed_sizes or {})
+        if len(src_pattern) != self.ndim:
+            raise NkiValidationError("rearrange", f"source pattern {src_pattern} has {len(src_pattern)} dims, the "
+                                     f"tensor {self.shape}")
+        names: list[str] = []
+        for item, n in zip(src_pattern, self.shape, strict=True):
+            group = (item,) if isinstance(item, str) else tuple(item)
+            unknown = [g for g in group if g not in sizes]
+            known = math.prod(sizes[g] for g in group if g in sizes)
+            if len(unknown) > 1 or (not unknown and known != n) or n % known:
+                raise NkiValidationError("rearrange", f"cannot split a dim of size {n} into {group} with sizes {sizes}"
+                                         "; give all but one size in fixed_sizes")
+            if unknown:
+                sizes[unknown[0]] = n // known
+            names.extend(group)
+        dst_groups = [(item,) if isinstance(item, str) else tuple(item) for item in dst_pattern]
+        order = [g for group in dst_groups for g in group]
+        if sorted(order) != sorted(names):
+            raise NkiValidationError("rearrange", f"patterns {src_pattern} -> {dst_pattern} must name the same dims")
+        split = self.reshape(tuple(sizes[g] for g in names)) if len(names) != self.ndim else self
+        moved = split.permute(tuple(names.index(g) for g in order))
+        merged = tuple(math.prod(sizes[g] for g in group) for group in dst_groups)
+        return moved.reshape(merged) if len(merged) != len(order) else moved
 
     def permute(self, dims) -> NkiTensor:
         self._direct("permute")
@@ -354,14 +399,22 @@ class NkiTensor:
         return self.reshape(new)
 
     def view(self, dtype) -> NkiTensor:
-        """Reinterpret the bits as another dtype of the same size."""
+        """Reinterpret the bits as another dtype; the last dim scales by the size ratio (fp32 (128, 64) -> uint8
+        (128, 256)), so it must be contiguous and, for a larger dtype, divisible by the ratio."""
         self._direct("view")
         name = dtypes.dtype_name(dtype)
-        if dtypes.itemsize(name) != self.itemsize:
-            raise NkiValidationError(
-                "view", f"view({name}) needs a dtype of the same size as {self._dt} ({self.itemsize} bytes)"
-            )
-        return NkiTensor(self._a.view(dtypes.STORAGE[name]), self._s, name)
+        a = self._a
+        new_size = dtypes.itemsize(name)
+        if new_size != self.itemsize:
+            if a.shape[-1] > 1 and a.strides[-1] != a.itemsize:
+                raise NkiValidationError("view", f"view({name}) changes the element size, so the last dim must be "
+                                         f"contiguous; it has a stride of {a.strides[-1] // a.itemsize} elements")
+            if (a.shape[-1] * self.itemsize) % new_size:
+                raise NkiValidationError("view", f"view({name}): the last dim ({a.shape[-1]} x {self.itemsize} bytes) "
+                                         f"is not a multiple of {new_size} bytes")
+            if a.shape[-1] == 1:  # NumPy wants a unit stride on the axis it rescales
+                a = np.lib.stride_tricks.as_strided(a, a.shape, a.strides[:-1] + (a.itemsize,))
+        return NkiTensor(a.view(dtypes.STORAGE[name]), self._s, name)
 
     def is_contiguous(self) -> bool:
         return self._idx is None and self._a.flags.c_contiguous
@@ -422,7 +475,10 @@ class NkiTensor:
         d = _int(indirect_dim, "indirect_dim")
         if not 0 <= d < len(pattern):
             raise NkiValidationError("ap", f"indirect_dim {d} is outside the {len(pattern)}-D access pattern")
-        rows = np.asarray(vector_offset._read()).reshape(-1)
+        rows = np.asarray(vector_offset._read())
+        if rows.ndim == 2 and rows.shape[1] > 1:  # a [128, N] index tile is read column-major: indices.T.flatten()
+            rows = rows.T.reshape(-1)[: counts[d]]
+        rows = rows.reshape(-1)
         if rows.size != counts[d]:
             raise NkiValidationError(
                 "ap", f"vector_offset has {rows.size} indices but access-pattern dim {d} has {counts[d]} elements"

@@ -25,7 +25,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch.fx as fx
@@ -129,10 +129,8 @@ class NeuronTarget:
 
     name = "neuron"
 
-    def __init__(self, options: Any, platform: str, executable: str) -> None:
-        from neuron_dynamo.toolchain.targets import DEVICE_DTYPES, InProcessTarget
-
-        self._dtype_check = InProcessTarget("neuron", "", DEVICE_DTYPES)
+    def __init__(self, options: Any, platform: str, executable: str, supports: Callable[[fx.Node], str | None]) -> None:
+        self._supports = supports  # the device dtype check, given by toolchain.targets (which imports this module)
         self.platform = platform
         self.executable = executable
         self.lnc = logical_nc_config(platform, getattr(options, "lnc", 0))
@@ -140,7 +138,7 @@ class NeuronTarget:
         self.timeout = getattr(options, "compile_timeout", 900)
 
     def supports(self, node: fx.Node) -> str | None:
-        return self._dtype_check.supports(node)
+        return self._supports(node)
 
     def compile_region(self, lowered_region: fx.GraphModule, example_inputs: Sequence[Any]) -> NeuronRegion:
         neff = run_compiler(region_kernel_module(lowered_region), platform=self.platform, lnc=self.lnc,
@@ -174,8 +172,8 @@ def find_compiler() -> str | None:
     return shutil.which(EXECUTABLE)
 
 
-def neuron_target(options: Any, platform: str) -> NeuronTarget:
+def neuron_target(options: Any, platform: str, supports: Callable[[fx.Node], str | None]) -> NeuronTarget:
     executable = find_compiler()
     if executable is None:
         raise CompilerError(f"target 'neuron' needs {EXECUTABLE} on PATH; use target='simulator' or 'reference'")
-    return NeuronTarget(options, platform, executable)
+    return NeuronTarget(options, platform, executable, supports)

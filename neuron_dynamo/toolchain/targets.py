@@ -121,6 +121,7 @@ def source_digest() -> str:
 
 
 REFERENCE = InProcessTarget("reference", "region aten graphs executed by torch (debugging baseline)")
+DEVICE = InProcessTarget("neuron", "the dtypes a Trainium region accepts (target neuron's capability check)")
 SIMULATOR = SimulatorTarget("simulator", "NKI kernels executed by the CPU interpreter of neuron_dynamo.nki")
 TARGET_NAMES = ("auto", "neuron", "simulator", "reference")
 
@@ -158,11 +159,12 @@ def resolve_target(name: str, options: Any = None) -> Any:
     toolchain = nki_toolchain_info()
     ready = toolchain.get("genuine") and find_compiler() is not None
     if name == "auto":
-        return neuron_target(options, toolchain["target"]) if ready and neuron_device_visible() else SIMULATOR
+        return neuron_target(options, toolchain["target"], DEVICE.supports) if ready and neuron_device_visible() \
+            else SIMULATOR
     if not ready:
         raise TargetUnavailableError(
             "target 'neuron' needs a Trainium host with the genuine NKI toolchain (nki, and neuronx-cc on PATH); "
             f"this machine has provider {toolchain.get('provider')!r}"
             f"{'' if find_compiler() else ' and no neuronx-cc'}. Use target='simulator' or 'reference'."
         )
-    return neuron_target(options, toolchain["target"])
+    return neuron_target(options, toolchain["target"], DEVICE.supports)

@@ -236,9 +236,7 @@ def test_bitwise_binary_ops_on_int_tiles(name, ref):
     np.testing.assert_array_equal(run(k, a, b), ref(a, b))
 
 
-@pytest.mark.parametrize("name,ref", [("abs_max", lambda a, b: np.maximum(abs(a), abs(b))),
-                                      ("abs_min", lambda a, b: np.minimum(abs(a), abs(b))),
-                                      ("equal", np.equal), ("not_equal", np.not_equal), ("less", np.less),
+@pytest.mark.parametrize("name,ref", [("equal", np.equal), ("not_equal", np.not_equal), ("less", np.less),
                                       ("greater", np.greater), ("greater_equal", np.greater_equal),
                                       ("logical_and", lambda a, b: (a != 0) & (b != 0)),
                                       ("logical_xor", lambda a, b: (a != 0) ^ (b != 0))])

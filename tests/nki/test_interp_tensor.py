@@ -149,9 +149,9 @@ def test_tile_size_constants_follow_target(monkeypatch):
     assert (nl.tile_size.pmax, nl.tile_size.psum_fmax, nl.tile_size.gemm_stationary_fmax) == (128, 512, 128)
     assert nl.tile_size.gemm_moving_fmax == 512 and nl.tile_size.psum_num_banks == 8
     assert nl.tile_size.bn_stats_fmax == 512 and nl.tile_size.psum_bank_fmax_bytes == 2048
-    assert nl.tile_size.sbuf_size_bytes == 224 * 1024
+    assert nl.tile_size.sbuf_fmax_bytes == 224 * 1024
     monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn1")
-    assert nl.tile_size.sbuf_size_bytes == 192 * 1024
+    assert nl.tile_size.sbuf_fmax_bytes == 192 * 1024
 
 
 def test_tensor_has_no_truth_value_or_item_assignment():

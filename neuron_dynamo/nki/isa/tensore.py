@@ -1,0 +1,176 @@
+"""TensorE instructions: the 128x128 systolic array (matmul and transpose, SBUF -> PSUM)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from neuron_dynamo.nki import dtypes
+from neuron_dynamo.nki.context import current
+from neuron_dynamo.nki.isa.enums import _Engine, engine, matmul_perf_mode
+from neuron_dynamo.nki.isa.operands import (
+    _engine_name,
+    _extent,
+    _f32,
+    _fail,
+    _onchip,
+    _pf,
+    _record,
+    _rows,
+    _tensor,
+    _touch,
+)
+from neuron_dynamo.nki.tensor import NkiTensor
+
+_F32_FAMILY = ("float32", "tfloat32")
+_MATMUL_INPUTS = ("float8_e4m3", "float8_e5m2", "bfloat16", "float16", "tfloat32", "float32")
+
+
+def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_onezero=False, is_transpose=False,
+              accumulate=None, tile_position=(), tile_size=(), perf_mode=matmul_perf_mode.none,
+              psum_accumulate_flag=None, name=None):
+    """`dst = stationary.T @ moving` on TensorE, accumulated in fp32 PSUM.
+
+    `accumulate`: False overwrites dst, True adds to it, None (default) opens an accumulation group on the first
+    matmul into this dst view and adds for the following ones, until another instruction reads or writes an
+    overlapping part of the PSUM tensor (the eviction of the result), which closes the group.
+    """
+    op = "nc_matmul"
+    ctx = current()
+    limits = ctx.limits
+    dst = _tensor(op, "dst", dst)
+    stationary = _tensor(op, "stationary", stationary)
+    moving = _tensor(op, "moving", moving)
+    for what, t in (("stationary", stationary), ("moving", moving)):
+        if t._s.buffer != "sbuf" or t._idx is not None:
+            _fail("tensor-engine-reads-sbuf", f"{op}: {what} is in {t._s.buffer}; TensorE reads its operands from "
+                  "SBUF only")
+    if dst._s.buffer != "psum":
+        _fail("tensor-engine-writes-psum", f"{op}: dst is in {dst._s.buffer}; TensorE writes PSUM only")
+    double_row = perf_mode is matmul_perf_mode.double_row
+    if double_row:
+        if limits.nc_version < 3:
+            _fail("matmul-perf-mode", f"{op}: double_row needs trn2 or newer")
+        for what, t in (("stationary", stationary), ("moving", moving)):
+            if t._dt not in ("float8_e4m3", "float8_e5m2") or t.ndim < 3 or t.shape[1] != 2:
+                _fail("matmul-perf-mode", f"{op}: double_row takes fp8 {what} of shape [K, 2, ...], got "
+                      f"{t._dt} {t.shape}")
+    k, m = _pf(stationary)
+    k2, n = _pf(moving)
+    if double_row:
+        m //= 2
+        n //= 2
+    if k != k2:
+        _fail("matmul-k", f"{op}: stationary {stationary.shape} and moving {moving.shape} must have the same "
+              "partition (contraction) size")
+    row_max, col_max = limits.pmax, limits.gemm_stationary_fmax
+    if tile_position or tile_size:
+        if len(tile_position) != 2 or len(tile_size) != 2:
+            _fail("matmul-tiling", f"{op}: tile_position and tile_size must both be (row, column) pairs")
+        for size, pos in zip(tile_size, tile_position, strict=True):
+            if size not in (32, 64, 128) or pos % size or pos + size > 128:
+                _fail("matmul-tiling", f"{op}: tile_size {tile_size} / tile_position {tile_position} must use 32, 64 "
+                      "or 128 pieces at multiples of the size")
+        row_max, col_max = tile_size
+    if k > row_max:
+        _fail("matmul-k", f"{op}: contraction size K={k} exceeds {row_max}; split K into {row_max}-row tiles and "
+              "accumulate in PSUM")
+    if m > col_max:
+        _fail("matmul-stationary-free", f"{op}: stationary free size M={m} exceeds {col_max}")
+    n_max = limits.matmul_moving_fmax(dst._dt)
+    if n > n_max:
+        _fail("matmul-moving-free", f"{op}: moving free size N={n} exceeds {n_max} on {ctx.target}")
+    dp, df = _pf(dst)
+    if (dp, df) != (m, n):
+        _fail("matmul-dst-shape", f"{op}: dst {dst.shape} must be [M={m}, N={n}]")
+    sd, md = stationary._dt, moving._dt
+    allowed = _MATMUL_INPUTS + (("float8_e4m3fn",) if limits.nc_version >= 4 else ())
+    for what, dt in (("stationary", sd), ("moving", md)):
+        if dt not in allowed:
+            _fail("matmul-dtype", f"{op}: {what} dtype {dt} is not a TensorE input dtype ({', '.join(allowed)})")
+    if (sd in _F32_FAMILY) != (md in _F32_FAMILY):
+        _fail("matmul-fp32-pairing", f"{op}: stationary is {sd} and moving is {md}; an fp32/tf32 operand must be "
+              "paired with another fp32/tf32 operand")
+    if is_transpose:
+        if dst._dt != sd:
+            _fail("matmul-dst-dtype", f"{op}: transpose mode writes the input dtype {sd}, dst is {dst._dt}")
+    else:
+        dst_ok = ("float32",) if limits.nc_version < 4 else ("float32", "bfloat16")
+        if dst._dt not in dst_ok:
+            _fail("matmul-dst-dtype", f"{op}: dst must be {' or '.join(dst_ok)} on {ctx.target}, got {dst._dt}")
+    if limits.nc_version < 4:
+        _check_one_bank(op, dst, limits.psum_bank_bytes)
+    if double_row:
+        s = dtypes.as_f32(stationary._a).reshape(k * 2, m)
+        mv = dtypes.as_f32(moving._a).reshape(k * 2, n)
+    else:
+        s = _f32(stationary, k, m)
+        mv = _f32(moving, k, n)
+    if is_transpose and k == n and np.array_equal(mv, np.eye(k, dtype=np.float32)):
+        result = _rows(stationary, k, m).T  # bit-exact transpose through the identity (NC-v3+ behaviour)
+        dst._write(result)
+    else:
+        result = (dtypes.torch_view(s).T @ dtypes.torch_view(mv)).numpy()  # one fp32 GEMM
+        if psum_accumulate_flag is not None:
+            add = not (psum_accumulate_flag & 1)
+        elif accumulate is None:
+            groups = dst._s.acc_groups
+            key = (dst._a.__array_interface__["data"][0], dst._a.shape, dst._a.strides)
+            add = key in groups
+            if not add:
+                groups[key] = _extent(dst)
+        else:
+            add = bool(accumulate)
+        if add:
+            if dst._dt == "float32":
+                dst._s.written = True
+                dst._s.f32_cache = None
+                dst._a += result.reshape(dst._a.shape)
+            else:
+                dst._write(dtypes.as_f32(dst._a).reshape(m, n) + result)
+        else:
+            dst._write(result)
+    _touch(ctx, (stationary, moving, dst), matmul=True)
+    _record(ctx, op, "tensor", k, n, (stationary, moving), dst, flops=0 if is_transpose else 2 * k * m * n,
+            M=m, K=k, N=n, is_transpose=bool(is_transpose), perf_mode=perf_mode.name)
+
+
+def _check_one_bank(op: str, dst: NkiTensor, bank: int) -> None:
+    row = math.prod(dst._s.data.shape[1:])
+    item = dst._a.itemsize
+    start = dst.offset % row
+    span = 1 + sum((n - 1) * st for n, st in zip(dst.shape[1:], dst.strides[1:], strict=True))
+    if (start * item) // bank != ((start + span) * item - 1) // bank:
+        _fail("psum-bank", f"{op}: dst spans bytes {start * item}..{(start + span) * item} of its PSUM partition, "
+              f"crossing a {bank}-byte bank boundary; a matmul output must fit in one PSUM bank")
+
+
+def nc_transpose(dst, data, engine=engine.unknown, name=None):
+    """Swap the partition and (flattened) free dims: TensorE up to 128x128 (SBUF -> PSUM), VectorE up to 32x32."""
+    op = "nc_transpose"
+    ctx = current()
+    dst = _onchip(op, "dst", dst)
+    data = _onchip(op, "data", data)
+    p, f = _pf(data)
+    dp, df = _pf(dst)
+    if (dp, df) != (f, p):
+        _fail("transpose-shape", f"{op}: data is [{p}, {f}] so dst must be [{f}, {p}], got {dst.shape}")
+    if dst._dt != data._dt:
+        _fail("transpose-dtype", f"{op}: dst dtype {dst._dt} must equal data dtype {data._dt}")
+    if engine is _Engine.unknown:
+        on_te = data._s.buffer == "sbuf" and dst._s.buffer == "psum"
+        eng = "tensor" if on_te or max(p, f) > 32 else "vector"
+    else:
+        eng = _engine_name(op, engine, "tensor", ("tensor", "vector"))
+    if eng == "tensor":
+        if data._s.buffer != "sbuf" or dst._s.buffer != "psum":
+            _fail("tensor-engine-writes-psum", f"{op}: TensorE transpose reads SBUF and writes PSUM; data is in "
+                  f"{data._s.buffer}, dst in {dst._s.buffer}")
+        if p > 128 or f > 128:
+            _fail("transpose-size", f"{op}: TensorE transposes at most 128x128, got [{p}, {f}]")
+    elif p > 32 or f > 32:
+        _fail("transpose-size", f"{op}: VectorE transposes at most 32x32, got [{p}, {f}]")
+    dst._write(_rows(data, p, f).T)
+    _touch(ctx, (data, dst))
+    _record(ctx, op, eng, p, f, (data,), dst)
