@@ -4,6 +4,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -71,3 +72,15 @@ def fake_neuronx_cc(tmp_path, monkeypatch):
 def pytest_addoption(parser):
     parser.addoption("--fuzz-long", action="store_true", default=False,
                      help="tests/passes/test_padding_fuzz.py: many random examples (not derandomized), and a summary")
+
+
+@torch.library.custom_op("neuron_tests::eager_only", mutates_args=())
+def _eager_only(x: torch.Tensor) -> torch.Tensor:
+    """An op no backend can lower, ever (`torch.ops.neuron_tests.eager_only`): the tests of fallback paths use it
+    where any real op might gain a lowering one day. Computes 2·x + 1."""
+    return x * 2 + 1
+
+
+@_eager_only.register_fake
+def _(x):
+    return torch.empty_like(x)

@@ -75,38 +75,38 @@ def test_reduce_overhead_mode_is_accepted():
     torch.testing.assert_close(compiled(x), torch.relu(x) * 2)
 
 
-class SortThenLinear(torch.nn.Module):
-    """aten.sort has no lowering (nor a decomposition): it must run eagerly, correctly, and show up in the report."""
+class EagerOnlyThenLinear(torch.nn.Module):
+    """An op with no lowering (nor a decomposition): it must run eagerly, correctly, and show up in the report."""
 
     def __init__(self):
         super().__init__()
         self.linear = torch.nn.Linear(10, 5)
 
     def forward(self, x):
-        return torch.softmax(self.linear(x.sort(-1).values * 2), dim=-1)
+        return torch.softmax(self.linear(torch.ops.neuron_tests.eager_only(x)), dim=-1)
 
 
 def test_op_without_lowering_runs_eagerly_matches_and_is_reported():
     torch.manual_seed(0)
-    model, x = SortThenLinear(), torch.randn(2, 4, 10)
+    model, x = EagerOnlyThenLinear(), torch.randn(2, 4, 10)
     with torch.no_grad():
         report = neuron_dynamo.explain(model, x)
         expected = model(x)
     torch.testing.assert_close(report.output, expected, atol=1e-6, rtol=1e-6)
     (graph,) = report.graphs
-    assert {"op": "aten.sort.default", "reason": "unsupported op (no lowering registered)", "count": 1} in \
-        graph.fallback_ops
+    unsupported = "unsupported op (no lowering registered)"
+    assert {"op": "neuron_tests.eager_only.default", "reason": unsupported, "count": 1} in graph.fallback_ops
     assert graph.ops_lowered == graph.ops_total - 1
-    assert "aten.sort.default" in str(report)
+    assert "neuron_tests.eager_only.default" in str(report)
 
 
 def test_fallback_error_raises_naming_the_op():
-    compiled = torch.compile(SortThenLinear(), backend="neuron", options={"fallback": "error"})
+    compiled = torch.compile(EagerOnlyThenLinear(), backend="neuron", options={"fallback": "error"})
     with pytest.raises(Exception) as error:
         compiled(torch.randn(2, 4, 10))
     original = _original_error(error.value)
     assert isinstance(original, FallbackError)
-    assert "aten.sort.default" in str(original)
+    assert "neuron_tests.eager_only.default" in str(original)
     assert "eager_ops" in str(original)
 
 
@@ -152,14 +152,15 @@ def test_lowering_failure_falls_back_with_its_reason(monkeypatch):
 
 def test_simulator_target_runs_regions_as_nki_kernels_and_says_what_falls_back():
     x = torch.randn(3, 3)
-    report = neuron_dynamo.explain(lambda t: torch.tanh(t @ t).sort(0).values, x, options={"target": "simulator"})
-    # sort (no lowering) runs eagerly on the interpreter's tanh(x @ x), which may differ from eager's in the last bits
-    torch.testing.assert_close(report.output, torch.tanh(x @ x).sort(0).values, rtol=1e-5, atol=1e-5)
+    fn = lambda t: torch.ops.neuron_tests.eager_only(torch.tanh(t @ t))  # noqa: E731
+    report = neuron_dynamo.explain(fn, x, options={"target": "simulator"})
+    # eager_only runs eagerly on the interpreter's tanh(x @ x), which may differ from eager's in the last bits
+    torch.testing.assert_close(report.output, fn(x), rtol=1e-5, atol=1e-5)
     (graph,) = report.graphs
     assert graph.target == "simulator" and graph.ops_lowered == 2 and graph.ops_total == 3
     assert graph.estimated_device_ns > 0  # the cost model's figure for the NKI kernels that ran
     assert graph.fallback_ops == [
-        {"op": "aten.sort.default", "reason": "unsupported op (no lowering registered)", "count": 1}]
+        {"op": "neuron_tests.eager_only.default", "reason": "unsupported op (no lowering registered)", "count": 1}]
 
 
 @pytest.mark.parametrize(("genuine", "fragment"), [(False, "provider 'interpreter'"), (True, "and no neuronx-cc")])

@@ -43,10 +43,9 @@ def group_norm_nki(op, *args, **kwargs):
 
     Its inputs are made contiguous first, as the reference kernel does, for the same PyTorch issue.
     """
-    from neuron_dynamo.lowering.generated import run_decomposed
 
     args = tuple(arg.contiguous() if isinstance(arg, torch.Tensor) else arg for arg in args)
-    return run_decomposed(op, args, kwargs)
+    return generated.run_decomposed(op, args, kwargs)
 
 
 
@@ -71,9 +70,8 @@ def _batch_norm_refusal(node: fx.Node) -> str | None:
 def batch_norm_nki(op, *args, **kwargs):
     """Batch norm as the generated NKI kernels of its decomposition: per-channel statistics (var_mean), the
     normalisation and the running-statistics update, all element-wise work and reductions."""
-    from neuron_dynamo.lowering.generated import run_decomposed
 
-    return run_decomposed(op, args, kwargs)
+    return generated.run_decomposed(op, args, kwargs)
 
 
 def _refusal(node: fx.Node) -> str | None:

@@ -18,8 +18,10 @@ refusal counted per op), and fails on:
 
 - a wrong answer (fp32: 1e-4, bf16/fp16: 2e-2, relative + absolute scaled by the output's magnitude; integers and
   bools exactly). A low-precision mismatch with eager is rounding (counted as `precision`, not a failure) when the
-  same program compiled *without* bucketing gives what the bucketed one gave; in fp32 every mismatch fails;
-- the compiled program raising where eager does not;
+  same program compiled *without* bucketing gives what the bucketed one gave; in fp32 every mismatch fails, unless
+  the program rounds through bf16 itself (`cast_half`: then bf16's tolerance applies);
+- the compiled program raising where eager does not (unless `backend="aot_eager"` raises the same: PyTorch's
+  own bug, counted apart);
 - any backend failure that fell back to eager (`graphs_failed`, a Dynamo graph run eagerly, a bucketing setup that
   failed) and any bucket program that failed to compile or run (a refusal after the fact): they hide bugs.
 
@@ -455,6 +457,12 @@ class Example:
     calls: list[tuple[int, int]]  # (batch, length) per call
     seed: int
 
+    @property
+    def precision(self) -> torch.dtype:
+        """The dtype whose rounding bounds the program's accuracy: a round trip through bf16 inside an fp32 program
+        turns a last-bit difference before it (a kernel's tanh against torch's) into one bf16 ulp."""
+        return torch.bfloat16 if "cast_half" in self.program.steps else self.dtype
+
     def describe(self) -> str:
         return (f"# dtype={DTYPE_NAMES[self.dtype]} dynamic={self.dynamic} target={self.target!r} H={self.program.H0} "
                 f"calls (batch, length)={self.calls} seed={self.seed}\n# params: "
@@ -522,6 +530,7 @@ class Outcome:
     precision: int = 0
     known: list[str] = dataclasses.field(default_factory=list)  # failures matching a pinned bug (KNOWN_BUGS)
     reasons: list[str] = dataclasses.field(default_factory=list)  # refusal reasons, as logged
+    pytorch: int = 0  # calls that raised under backend="aot_eager" as well (a PyTorch bug, not the backend's)
     lowering: int = 0  # regions whose lowering failed (they run eagerly: the target's business, not padding's)
     static_exact: int = 0  # static graphs (dynamic=None, first call) that kept their exact shapes
     stats: dict = dataclasses.field(default_factory=dict)
@@ -650,7 +659,7 @@ def _run_example(example: Example) -> Outcome:
     _fresh()
     compiled = _compile(prog.function(params), example.dynamic, example.target)
     gen = torch.Generator().manual_seed(example.seed)
-    calls = []
+    calls, raised = [], None
     for batch, length in example.calls:
         inputs = _inputs(prog.H0, batch, length, example.dtype, gen)
         try:
@@ -660,11 +669,13 @@ def _run_example(example: Example) -> Outcome:
         try:
             got = _run(compiled, inputs, params, example.seed)
         except Exception as error:  # noqa: BLE001
+            raised = (error, [c[0] for c in calls] + [inputs])
             outcome.failures.append(("raised", f"length {length} batch {batch}: {type(error).__name__}: "
                                      + " ".join(str(error).split())[:300]))
             break
         calls.append((inputs, got))
-        why = _mismatch(got[0], want[0], example.dtype) or _mismatch(got[1], want[1], example.dtype)
+        dtype = example.precision
+        why = _mismatch(got[0], want[0], dtype) or _mismatch(got[1], want[1], dtype)
         if why is not None:
             outcome.failures.append(("wrong", f"length {length} batch {batch}: {why}"))
             break
@@ -684,11 +695,28 @@ def _run_example(example: Example) -> Outcome:
     for counter in ("graphs_failed", "dynamo_graphs_eager", "bucketing.setup_failed"):
         if stats.get(counter, 0):  # the log (read by the caller) says which graph and why
             outcome.failures.append(("fallback", f"{counter}={stats[counter]}"))
-    if any(kind == "wrong" for kind, _ in outcome.failures) and example.dtype != torch.float32:
+    if raised is not None and _pytorch_raises(example, params, raised[1], raised[0]):
+        outcome.failures = [f for f in outcome.failures if f[0] != "raised"]
+        outcome.pytorch += 1
+    if any(kind == "wrong" for kind, _ in outcome.failures) and example.precision != torch.float32:
         if _noise(example, calls, params):
             outcome.failures = [f for f in outcome.failures if f[0] != "wrong"]
             outcome.precision += 1
     return outcome
+
+
+def _pytorch_raises(example: Example, params, calls, error: Exception) -> bool:
+    """Whether PyTorch's own compile path (`backend="aot_eager"`: Dynamo and AOTAutograd without this backend)
+    raises the same kind of error (type and first words) on the same calls: then the raise is PyTorch's, counted
+    apart, not the backend's."""
+    _fresh()
+    reference = torch.compile(example.program.function(params), backend="aot_eager", dynamic=example.dynamic)
+    try:
+        for inputs in calls:
+            _run(reference, inputs, params, example.seed)
+    except Exception as other:  # noqa: BLE001
+        return type(other) is type(error) and str(other).split()[:3] == str(error).split()[:3]
+    return False
 
 
 def _noise(example: Example, calls, params) -> bool:
@@ -702,8 +730,8 @@ def _noise(example: Example, calls, params) -> bool:
         except Exception:  # noqa: BLE001
             return False
     bucketed = calls[-1][1]
-    return (_mismatch(bucketed[0], unpadded[0], example.dtype) or _mismatch(bucketed[1], unpadded[1], example.dtype)
-            ) is None
+    dtype = example.precision
+    return (_mismatch(bucketed[0], unpadded[0], dtype) or _mismatch(bucketed[1], unpadded[1], dtype)) is None
 
 
 # ------------------------------------------------------------------------------------------------ the summary
@@ -719,6 +747,7 @@ class Summary:
         self.examples_refused = 0
         self.precision = 0
         self.lowering = 0
+        self.pytorch = 0
         self.static_exact = 0
         self.known: collections.Counter[str] = collections.Counter()
         self.reasons: collections.Counter[str] = collections.Counter()
@@ -738,6 +767,7 @@ class Summary:
         self.examples_refused += outcome.refused > 0
         self.precision += outcome.precision
         self.lowering += outcome.lowering
+        self.pytorch += outcome.pytorch
         self.static_exact += outcome.static_exact
         self.known.update(outcome.known)
         self.reasons.update(re.sub(r"\(\w+\)|\b(s\d+|\d+)\b", "_", r) for r in outcome.reasons)
@@ -756,6 +786,7 @@ class Summary:
             f"  static graphs (first call under dynamic=None) kept exact: {self.static_exact}",
             f"  low-precision mismatches also seen without bucketing (noise, not failures): {self.precision}",
             f"  regions whose lowering failed (ran eagerly, not a padding matter): {self.lowering}",
+            f"  raised under backend='aot_eager' too (PyTorch's, not the backend's): {self.pytorch}",
             "  refusals by op: " + (", ".join(f"{op} {n}" for op, n in self.refusals.most_common()) or "none"),
             "  top refusal reasons:",
             *(f"    {n:5d}  {reason[:160]}" for reason, n in self.reasons.most_common(12)),
@@ -781,7 +812,8 @@ class Summary:
         return {"examples": self.examples, "skipped": self.skipped, "seconds": self.seconds, "graphs": self.graphs,
                 "refused": self.refused, "padded_calls": self.padded_calls, "exact_calls": self.exact_calls,
                 "examples_padded": self.examples_padded, "examples_refused": self.examples_refused,
-                "precision": self.precision, "lowering": self.lowering, "static_exact": self.static_exact,
+                "precision": self.precision, "lowering": self.lowering, "pytorch": self.pytorch,
+                "static_exact": self.static_exact,
                 "known": dict(self.known), "reasons": dict(self.reasons.most_common()),
                 "refusals": dict(self.refusals.most_common()),
                 "steps": dict(self.by_family.most_common()), "failures": self.failures}

@@ -21,12 +21,12 @@ def region_ops(parted, region: str) -> list[str]:
 
 
 def test_regions_never_create_a_cycle_through_an_eager_node():
-    # relu and add are both supported, but add needs erfinv (eager) which needs relu: one region would be a cycle.
-    gm = traced(lambda x: torch.relu(x) + torch.erfinv(torch.relu(x)), torch.rand(4))
+    # relu and add are both supported, but add needs eager_only (eager) which needs relu: one region would be a cycle.
+    gm = traced(lambda x: torch.relu(x) + torch.ops.neuron_tests.eager_only(torch.relu(x)), torch.rand(4))
     parted = partition(gm, REFERENCE)
     assert len(parted.regions) == 2
     assert [(f.op, f.reason) for f in parted.fallbacks] == [
-        ("aten.erfinv.default", "unsupported op (no lowering registered)")]
+        ("neuron_tests.eager_only.default", "unsupported op (no lowering registered)")]
     x = torch.rand(4)
     torch.testing.assert_close(parted.module(x), gm(x))
 
@@ -42,12 +42,12 @@ def test_independent_supported_nodes_share_one_region_and_getitem_follows_its_pr
 
 
 def test_min_region_size_and_reasons():
-    gm = traced(lambda x: torch.erfinv(x.sin()).cos().exp(), torch.rand(5))
+    gm = traced(lambda x: torch.ops.neuron_tests.eager_only(x.sin()).cos().exp(), torch.rand(5))
     parted = partition(gm, REFERENCE, min_region_size=2)
     assert list(parted.regions) == ["region_0"]  # cos → exp; sin alone is too small
     reasons = {f.op: f.reason for f in parted.fallbacks}
     assert reasons == {"aten.sin.default": "region too small (1 < min_region_size 2)",
-                       "aten.erfinv.default": "unsupported op (no lowering registered)"}
+                       "neuron_tests.eager_only.default": "unsupported op (no lowering registered)"}
 
 
 def test_eager_ops_match_packets_and_overloads():
@@ -72,14 +72,15 @@ def test_unsupported_dtype_and_target_without_kernels():
 
 
 def test_input_graph_is_left_untouched():
-    gm = traced(lambda x: torch.erfinv(x.sin()).cos(), torch.rand(5))
+    gm = traced(lambda x: torch.ops.neuron_tests.eager_only(x.sin()).cos(), torch.rand(5))
     before = gm.code
     partition(gm, REFERENCE)
     assert gm.code == before
 
 
-UNARY = {"sin": torch.sin, "exp": torch.exp, "erfinv": torch.erfinv, "cumsum": lambda t: torch.cumsum(t, 0)}
-BINARY = {"add": torch.add, "mul": torch.mul, "hypot": torch.hypot}  # erfinv and hypot have no lowering
+UNARY = {"sin": torch.sin, "exp": torch.exp, "eager_only": torch.ops.neuron_tests.eager_only,  # no lowering
+         "cumsum": lambda t: torch.cumsum(t, 0)}
+BINARY = {"add": torch.add, "mul": torch.mul, "hypot": torch.hypot}
 
 
 @st.composite
