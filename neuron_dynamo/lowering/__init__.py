@@ -24,6 +24,8 @@ from neuron_dynamo.lowering import (  # noqa: F401
     reduction,
     resample,
     softmax,
+    sorting,
+    special_functions,
     views,
 )
 from neuron_dynamo.lowering.registry import (

@@ -55,7 +55,7 @@ def _arange(e, dt, start, step):
     start, step = (int(v) if isinstance(v, bool) else v for v in (start, step))
     fractional = isinstance(start, float) or isinstance(step, float)
     index = e.alloc("int32")
-    if fractional:  # start + step·i in fp32 (the index is exact: `_refuse` keeps it below 2**24)
+    if fractional:  # start + step·i in fp32 (the index is exact: `refusal` keeps it below 2**24)
         e.raw("nisa.iota({}, [[1, cc]], offset=r0 * cols + c0, channel_multiplier=cols)", index)
         scaled = e.call("nl.multiply", e.call("nl.copy", index, dtype="float32"), float(step), dtype="float32")
         return e.call("nl.add", scaled, float(start), dtype=dt)

@@ -58,7 +58,7 @@ def creation(op, *args, **kwargs):
 # ------------------------------------------------------------------------------------------------ NKI emitters
 # Integers: the engines compute arithmetic in fp32 (exact for integers up to 2**24) and saturate when they convert
 # to a narrow type, while torch computes integers exactly and wraps. So an integer-valued step is only lowered when
-# it is exact: `_refuse` runs integer arithmetic whose result can reach 2**24 eagerly; the rest computes in fp32,
+# it is exact: `refusal` runs integer arithmetic whose result can reach 2**24 eagerly; the rest computes in fp32,
 # lands in an int32 tile (exact), and is wrapped into the result type with bit-vector ops (`_wrap`).
 # Comparisons, minimum/maximum and clamps of int32 tiles (int64 lives as int32 on device) would round above 2**24
 # in fp32: they compare exact 16-bit halves instead (`_order_key`).
@@ -87,7 +87,7 @@ def _wrap(e: Emitter, a: Tile, dt: str) -> Tile:
 
 
 def _integer(e: Emitter, dt: str, fn: str, *operands):
-    """`fn(*operands)` with an integer result: in fp32 (exact: `_refuse` bounds it below 2**24), then wrapped."""
+    """`fn(*operands)` with an integer result: in fp32 (exact: `refusal` bounds it below 2**24), then wrapped."""
     if dt not in INT_DTYPES:
         return e.call(fn, *operands, dtype=dt) if len(operands) == 1 else binary(e, fn, *operands, dt)
     result = e.call(fn, *operands, dtype="int32") if len(operands) == 1 else binary(e, fn, *operands, "int32")
@@ -448,7 +448,7 @@ def _softplus(e, dt, a, beta=1, threshold=20):
     return e.call("nl.where", e.call("nl.greater", scaled, float(threshold), dtype="uint8"), a, soft, dtype=dt)
 
 
-def _refuse(node: fx.Node) -> str | None:
+def refusal(node: fx.Node) -> str | None:
     """Why the code generator cannot take this node (None when it can)."""
     for arg in [*node.args, *node.kwargs.values()]:
         for leaf in arg if isinstance(arg, (list, tuple)) else [arg]:
@@ -519,13 +519,13 @@ def _is_float(arg) -> bool:
 
 
 # A fused kernel of an empty shape returns empty tensors without running (`FusedKernel.__call__`).
-@lowers(*ELEMENTWISE_OPS, family="elementwise", target="simulator", accepts=_refuse, handles_empty=True)
+@lowers(*ELEMENTWISE_OPS, family="elementwise", target="simulator", accepts=refusal, handles_empty=True)
 def elementwise_nki(op, *args, **kwargs):
     """One element-wise op as a generated NKI kernel (`lower_region` fuses chains of them into one)."""
     return run_single(op, args, kwargs)
 
 
-@lowers(*CREATION_OPS, family="creation", target="simulator", accepts=_refuse, handles_empty=True)
+@lowers(*CREATION_OPS, family="creation", target="simulator", accepts=refusal, handles_empty=True)
 def creation_nki(op, *args, **kwargs):
     """A creation op as a generated NKI kernel: memset (or iota) tiles stored to HBM."""
     return run_single(op, args, kwargs)

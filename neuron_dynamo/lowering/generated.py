@@ -93,6 +93,9 @@ def lower_graph(region: fx.GraphModule, target: str) -> fx.GraphModule:
         if not group:
             return
         spec, inputs, outputs = build_group(group)
+        if not outputs:  # nothing reads the group (dead code that make_fx keeps): element-wise ops have no effects
+            group.clear()
+            return
         kernel = FusedKernel(spec, group[-1].meta["val"].shape)
         call = graph.call_function(kernel, tuple(env[n] for n in inputs))
         for k, member in enumerate(outputs):

@@ -51,7 +51,7 @@ def _horner(e: Emitter, x: Tile, coefficients) -> Tile:
     return _f(e, "nl.add", result, float(rest[0]))
 
 
-def _sign_bit(e: Emitter, a) -> Tile:
+def sign_bit(e: Emitter, a) -> Tile:
     """1 where the sign bit of `a` is set (-0.0 and negative NaNs included), else 0: int32."""
     if not isinstance(a, Tile):
         return e.call("nl.full", TILE_SHAPE, int(math.copysign(1.0, a) < 0), dtype="int32")
@@ -62,10 +62,14 @@ def _sign_bit(e: Emitter, a) -> Tile:
     return e.call("nl.right_shift", bits, width - 1, dtype="int32")
 
 
-def _sqrt(e: Emitter, v: Tile) -> Tile:
-    """sqrt on [0, inf] and NaN below 0, as torch gives: the activation is valid from 2**-116 only, so tinier
-    inputs take sqrt(2**-116) = 2**-58 (an absolute error below 4e-18)."""
-    root = _f(e, "nl.sqrt", _f(e, "nl.maximum", v, 2.0**-116))
+def sqrt(e: Emitter, v: Tile) -> Tile:
+    """sqrt on [0, inf] and NaN below 0, as torch gives. The activation is valid on [2**-116, 2**118]: tinier
+    inputs take sqrt(2**-116) = 2**-58 (an absolute error below 4e-18); inputs above 2**100 are scaled by
+    2**-100 and their root by 2**50 (both exact)."""
+    big = _mask(e, "nl.greater", v, 2.0**100)
+    scaled = _where(e, big, _f(e, "nl.multiply", v, 2.0**-100), v)
+    root = _f(e, "nl.sqrt", _f(e, "nl.maximum", scaled, 2.0**-116))
+    root = _where(e, big, _f(e, "nl.multiply", root, 2.0**50), root)
     return _where(e, _mask(e, "nl.less", v, 0.0), math.nan, root)
 
 
@@ -92,7 +96,7 @@ def _atan_of(e: Emitter, x: Tile) -> Tile:
     return _where(e, outside, mirrored, reduced)
 
 
-def _activation(e: Emitter, fn: str, x: Tile) -> Tile:
+def activation(e: Emitter, fn: str, x: Tile) -> Tile:
     """`nisa.activation(op=fn)` on an argument already inside the function's valid range (nl.sin would add a
     range reduction through x + π that costs precision near 0)."""
     out = e.alloc(F32)
@@ -137,7 +141,7 @@ def _atan(e, x):
 @_fp32_emitter
 def _asin(e, x):
     # 2·arctan(x / (1 + sqrt(1 - x²))): the argument stays in [-1, 1]; (1 - x)(1 + x) keeps precision near ±1
-    root = _sqrt(e, _f(e, "nl.multiply", _f(e, "nl.subtract", 1.0, x), _f(e, "nl.add", x, 1.0)))
+    root = sqrt(e, _f(e, "nl.multiply", _f(e, "nl.subtract", 1.0, x), _f(e, "nl.add", x, 1.0)))
     half = _f(e, "nl.arctan", _f(e, "nl.multiply", x, _f(e, "nl.reciprocal", _f(e, "nl.add", root, 1.0))))
     return _f(e, "nl.multiply", half, 2.0)
 
@@ -148,7 +152,7 @@ def _acos(e, x):
     # 2·arctan(sqrt((1 - |x|) / (1 + |x|))) for |x|, mirrored to π - that for x < 0: no cancellation near ±1
     ax = _f(e, "nl.abs", x)
     ratio = _f(e, "nl.multiply", _f(e, "nl.subtract", 1.0, ax), _f(e, "nl.reciprocal", _f(e, "nl.add", ax, 1.0)))
-    angle = _f(e, "nl.multiply", _f(e, "nl.arctan", _sqrt(e, ratio)), 2.0)
+    angle = _f(e, "nl.multiply", _f(e, "nl.arctan", sqrt(e, ratio)), 2.0)
     return _where(e, _mask(e, "nl.less", x, 0.0), _f(e, "nl.subtract", math.pi, angle), angle)
 
 
@@ -163,8 +167,8 @@ def _atan2(e, dt, y, x):
     ratio = _where(e, _mask(e, "nl.equal", low, math.inf), 1.0, ratio)
     angle = _f(e, "nl.arctan", ratio)
     angle = _where(e, _mask(e, "nl.greater", ay, ax), _f(e, "nl.subtract", math.pi / 2, angle), angle)
-    angle = _where(e, _sign_bit(e, x), _f(e, "nl.subtract", math.pi, angle), angle)
-    return e.call("nl.where", _sign_bit(e, y), _f(e, "nl.multiply", angle, -1.0), angle, dtype=dt)
+    angle = _where(e, sign_bit(e, x), _f(e, "nl.subtract", math.pi, angle), angle)
+    return e.call("nl.where", sign_bit(e, y), _f(e, "nl.multiply", angle, -1.0), angle, dtype=dt)
 
 
 def _half_exp(e: Emitter, ax: Tile) -> Tile:
@@ -205,7 +209,7 @@ def _reduce_half_pi(e: Emitter, x: Tile) -> tuple[Tile, Tile, Tile]:
     r = x
     for part in _HALF_PI_PARTS:
         r = _f(e, "nl.subtract", r, _f(e, "nl.multiply", k, part))
-    return quadrant, _activation(e, "nl.sin", r), _activation(e, "nl.sin", _f(e, "nl.add", r, math.pi / 2))
+    return quadrant, activation(e, "nl.sin", r), activation(e, "nl.sin", _f(e, "nl.add", r, math.pi / 2))
 
 
 @emits(aten.tan)
@@ -261,7 +265,7 @@ def _acosh(e, x):
     # log1p((x - 1) + sqrt((x - 1)(x + 1))): exact to fp32 near 1; NaN below 1 (the square root's)
     a = _f(e, "nl.minimum", x, _BIG)
     below = _f(e, "nl.subtract", a, 1.0)
-    u = _f(e, "nl.add", below, _sqrt(e, _f(e, "nl.multiply", below, _f(e, "nl.add", a, 1.0))))
+    u = _f(e, "nl.add", below, sqrt(e, _f(e, "nl.multiply", below, _f(e, "nl.add", a, 1.0))))
     far = _f(e, "nl.add", log_of(e, x), LN2)
     result = _where(e, _mask(e, "nl.greater", x, _BIG), far, _log1p_of(e, u))
     return _where(e, _mask(e, "nl.less", x, 1.0), math.nan, result)
@@ -279,7 +283,7 @@ def _atanh(e, x):
 
 # erfc(z) = t·exp(-z² + P(t)), t = 1/(1 + z/2), for z ≥ 0 (Numerical Recipes' erfcc: relative error below
 # 1.2e-7 everywhere, so tails keep their precision where 1 - erf(z) would round to 0); erfc(-z) = 2 - erfc(z)
-_ERFC_POLY = (-1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806, 0.27886807, -1.13520398,
+ERFC_POLY = (-1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806, 0.27886807, -1.13520398,
               1.48851587, -0.82215223, 0.17087277)
 
 
@@ -288,7 +292,7 @@ _ERFC_POLY = (-1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806, 0.27
 def _erfc(e, x):
     z = _f(e, "nl.abs", x)
     t = _f(e, "nl.reciprocal", _f(e, "nl.add", _f(e, "nl.multiply", z, 0.5), 1.0))
-    exponent = _f(e, "nl.subtract", _horner(e, t, _ERFC_POLY), _f(e, "nl.multiply", z, z))
+    exponent = _f(e, "nl.subtract", _horner(e, t, ERFC_POLY), _f(e, "nl.multiply", z, z))
     tail = _f(e, "nl.multiply", t, _f(e, "nl.exp", exponent))
     return _where(e, _mask(e, "nl.less", x, 0.0), _f(e, "nl.subtract", 2.0, tail), tail)
 
@@ -353,7 +357,7 @@ def _isinf(e, dt, a):
 
 @emits(aten.signbit)
 def _signbit(e, dt, a):
-    return e.call("nl.copy", _sign_bit(e, a), dtype=dt)
+    return e.call("nl.copy", sign_bit(e, a), dtype=dt)
 
 
 @emits(aten.copysign)
@@ -361,7 +365,7 @@ def _copysign(e, dt, a, b):
     magnitude = _f(e, "nl.abs", _fp32_tile(e, a))
     if not isinstance(b, Tile):
         return e.call("nl.multiply", magnitude, math.copysign(1.0, b), dtype=dt)
-    return e.call("nl.where", _sign_bit(e, b), _f(e, "nl.multiply", magnitude, -1.0), magnitude, dtype=dt)
+    return e.call("nl.where", sign_bit(e, b), _f(e, "nl.multiply", magnitude, -1.0), magnitude, dtype=dt)
 
 
 def _nan_ignoring(extreme):
@@ -399,7 +403,7 @@ def _round_half_even(e: Emitter, x: Tile) -> Tile:
 
 @emits(aten.round)
 def _round(e, dt, a, decimals=0):
-    """torch's round(x · 10^d) / 10^d in fp32 (`_refuse` keeps 0 ≤ d ≤ 30: a negative d divides by 10^-d
+    """torch's round(x · 10^d) / 10^d in fp32 (`refusal` keeps 0 ≤ d ≤ 30: a negative d divides by 10^-d
     before rounding, which the device's reciprocal multiply does not do exactly at ties)."""
     if a.dtype in INT_DTYPES:
         return e.call("nl.copy", a, dtype=dt)
@@ -420,7 +424,7 @@ def _power_of_two(e: Emitter, exponent: Tile) -> Tile:
 @emits(aten.ldexp)
 def _ldexp(e, dt, a, exponent):
     """x · 2**n exactly, as torch (0 · 2**300 is 0, not 0 · inf): three exact power-of-two factors of at most
-    2**±127 each (`_refuse` keeps n integer), so x only rounds when it leaves the normal range."""
+    2**±127 each (`refusal` keeps n integer), so x only rounds when it leaves the normal range."""
     remaining = _f(e, "nl.minimum", _f(e, "nl.maximum", _fp32_tile(e, exponent), -378.0), 381.0)
     result = _fp32_tile(e, a)
     for _ in range(3):
@@ -432,7 +436,7 @@ def _ldexp(e, dt, a, exponent):
 
 def _integer_modulo(truncated: bool):
     """fmod (truncated: the sign of the dividend) or remainder (floored: the sign of the divisor) of integers by
-    a non-zero constant, exact: `_refuse` bounds both below 2**22, so the fp32 quotient is off by at most one,
+    a non-zero constant, exact: `refusal` bounds both below 2**22, so the fp32 quotient is off by at most one,
     and one correction step each way fixes it."""
 
     def emit(e, dt, a, b):

@@ -69,6 +69,19 @@ def test_shape_change_closes_a_fused_group():
     torch.testing.assert_close(lowered(x), (x * 2).sum(-1, keepdim=True) + x)
 
 
+def test_a_group_nothing_reads_is_dropped():
+    """make_fx keeps dead nodes; a fused group without outputs used to become a kernel returning None."""
+    def fn(x):
+        (x * 2).exp()  # dead: no output reads it
+        return x.sum(-1) + 1
+
+    region = make_fx(fn)(torch.randn(3, 5))
+    lowered = lower_region(region, "simulator")
+    assert sum(isinstance(n.target, FusedKernel) for n in lowered.graph.nodes) == 1
+    x = torch.randn(3, 5)
+    torch.testing.assert_close(lowered(x), x.sum(-1) + 1)
+
+
 @pytest.mark.parametrize("dims", [(-1,), (0,), (0, 1), (1,), ()])
 @pytest.mark.parametrize("kind", ["sum", "mean", "amax"])
 def test_reductions_over_any_dims(kind, dims):
