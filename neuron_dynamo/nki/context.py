@@ -41,6 +41,7 @@ class Launch:
         self._done: set[int] = set()
         self._failed = False
         self._mail: dict = {}
+        self.recording = None  # replay.Recording while the first call at a signature is recorded
 
     def run(self, bodies) -> None:
         """Run one callable per program instance (a plain call when there is only one)."""
@@ -158,6 +159,13 @@ class ProgramContext:
         self.rng = np.random.default_rng(program_id)
         self.warned_unwritten: set[int] = set()  # storages already reported as read before any write
         self.warned_ranges: set = set()  # (kernel site, activation) pairs already reported out of range
+
+    def reset_registers(self) -> None:
+        """Back to the state of a fresh instance (a replay starts where the recorded call started)."""
+        self.scalar_reduce_regs.fill(np.nan)
+        regs = getattr(self, "vector_reduce_regs", None)
+        if regs is not None:
+            regs.fill(np.nan)
 
     def record(self, instr: Instruction) -> None:
         self.counter += 1

@@ -20,7 +20,7 @@ import numpy as np
 from neuron_dynamo.nki import dtypes, isa
 from neuron_dynamo.nki.context import current
 from neuron_dynamo.nki.errors import NkiValidationError
-from neuron_dynamo.nki.isa.operands import _record, _touch
+from neuron_dynamo.nki.isa.operands import _record, _step, _touch
 from neuron_dynamo.nki.target import tile_size
 from neuron_dynamo.nki.tensor import HBM, MemoryRegion, NkiTensor, allocate
 
@@ -142,7 +142,8 @@ def ndarray(shape, dtype, buffer=sbuf, name="", address=None):
 def _filled(shape, value, dtype, buffer, name):
     t = allocate(shape, dtype, buffer, name)
     if t._s.buffer in HBM:
-        t._write(np.full(t.shape, value, dtype=np.float64 if dtypes.is_float(t.dtype) else np.int64))
+        values = np.full(t.shape, value, dtype=np.float64 if dtypes.is_float(t.dtype) else np.int64)
+        _step(current(), lambda: t._write(values))
     else:
         isa.memset(t, value if dtypes.is_float(t.dtype) else int(value))
     return t
@@ -185,7 +186,8 @@ def shared_constant(constant, dtype=None):
     """A constant (NumPy array) placed in shared HBM."""
     array = np.asarray(constant)
     t = allocate(array.shape or (1,), dtype or array.dtype, shared_hbm, "constant", fill=0)
-    t._write(array.reshape(t.shape))
+    values = np.array(array.reshape(t.shape))  # a copy: the constant is the one of this call
+    _step(current(), lambda: t._write(values))
     return t
 
 
@@ -600,10 +602,10 @@ def mean(x, axis, dtype=None, keepdims=False):
 def var(x, axis, dtype=None, keepdims=False):
     """Population variance over the trailing free axes (VectorE bn_stats + bn_aggr; keeps the reduced dims)."""
     axes = _norm_axis("var", x, axis)
-    values = dtypes.as_f32(np.asarray(x._read()))
     out = _out(_reduced_shape(x, axes, True), dtype or x.dtype)
-    out._write(values.var(axis=axes, keepdims=True, dtype=np.float32))
     ctx = current()
+    _step(ctx, lambda: out._write(dtypes.as_f32(np.asarray(x._read())).var(axis=axes, keepdims=True,
+                                                                            dtype=np.float32)))
     p, f = x.shape[0], math.prod(x.shape[1:])
     _touch(ctx, (x, out))
     for chunk in range(0, f, tile_size.bn_stats_fmax):

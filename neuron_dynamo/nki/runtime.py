@@ -5,24 +5,32 @@ untouched), runs the kernel function once per LNC program instance with that ins
 (instances share `shared_hbm` and synchronise through `core_barrier`/`sendrecv` under the deterministic schedule of
 `context.Launch`), checks the SBUF/PSUM capacity over the run, writes back the inputs the kernel wrote, and returns the
 outputs as the caller's array type. Non-tensor arguments pass through as compile-time constants.
+
+The first call at a signature is recorded while it runs in full; later calls at that signature replay the recording
+(`nki.replay`; `NEURON_DYNAMO_NKI_REPLAY=0` turns that off).
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
+import dataclasses
 import functools
 import inspect
+import logging
 import threading
 
 import numpy as np
 import torch
 
-from neuron_dynamo.nki import dtypes
+from neuron_dynamo.nki import dtypes, replay
 from neuron_dynamo.nki.context import Launch, ProgramContext, active, set_current
 from neuron_dynamo.nki.costmodel import Profile, combine_profiles
 from neuron_dynamo.nki.errors import NkiValidationError
 from neuron_dynamo.nki.target import current_limits
 from neuron_dynamo.nki.tensor import NkiTensor, check_capacity, wrap_array
+
+log = logging.getLogger("neuron_dynamo.nki")
 
 _TORCH_VIEW = {"bfloat16": "int16", "float8_e4m3fn": "uint8", "float8_e5m2": "uint8", "float8_e8m0fnu": "uint8"}
 
@@ -97,14 +105,27 @@ class _Argument:
         self.tensor = tensor
         self.name = name
 
-    def write_back(self) -> None:
+    def write_back(self, original) -> None:
         data = self.tensor._s.data
-        if _is_torch(self.original):
-            self.original.copy_(_numpy_to_torch(data, self.name).to(self.original.dtype))
+        if _is_torch(original):
+            original.copy_(_numpy_to_torch(data, self.name).to(original.dtype))
         elif self.name == "bool":
-            self.original[...] = data.astype(np.bool_)
+            original[...] = data.astype(np.bool_)
         else:
-            self.original[...] = data
+            original[...] = data
+
+    def load(self, value) -> None:
+        """Copy the value of a later call (same shape and dtype) into this argument's array, for a replay."""
+        data = self.tensor._s.data
+        if _is_torch(value):
+            if self.name in _TORCH_VIEW:
+                bits = torch.from_numpy(data.view(getattr(np, _TORCH_VIEW[self.name])))
+                torch_data = bits.view(getattr(torch, self.name))
+            else:
+                torch_data = torch.from_numpy(data)
+            torch_data.copy_(value.detach().reshape(torch_data.shape))
+        else:
+            data[...] = value.reshape(data.shape)
 
 
 class Kernel:
@@ -116,6 +137,7 @@ class Kernel:
         self.options = dict(options or {})
         self._param_names: list[str] | None = None  # filled (and the signature checked) at the first call
         self._variants: dict[int, Kernel] = {}  # kernel[lnc] objects, made once
+        self._programs = replay.Programs()  # recorded calls by signature
         functools.update_wrapper(self, fn)
 
     def __getitem__(self, lnc) -> Kernel:
@@ -171,6 +193,20 @@ class Kernel:
             raise NkiValidationError(
                 "lnc", f"LNC={self.lnc} needs trn2 or newer; the target is {limits.name}", self._site()
             )
+        key = _signature(args, kwargs, limits.name, self.lnc) if replay.enabled() else None
+        recording = None
+        if key is not None:
+            program = self._programs.get(key)
+            if program is replay.MISSING:
+                recording = replay.Recording()
+            elif program is not None and program.lock.acquire(blocking=False):
+                try:
+                    return self._replay(program, args, kwargs, want_profile)
+                except replay.ReplayDiverged as exc:
+                    log.debug("kernel %s: replay diverged (%s); it runs in full from now on", self.fn.__name__, exc)
+                    self._programs.put(key, None)
+                finally:
+                    program.lock.release()
         hbm = "shared_hbm" if self.lnc > 1 else "private_hbm"
         arguments: list[_Argument] = []
         use_torch = False
@@ -209,6 +245,7 @@ class Kernel:
         call_kwargs = {k: convert(v, k) for k, v in kwargs.items()}
 
         launch = Launch(self.lnc)
+        launch.recording = recording
         contexts = [ProgramContext(limits, pid, launch, self.fn.__name__) for pid in range(self.lnc)]
         results: dict[int, object] = {}
 
@@ -227,23 +264,45 @@ class Kernel:
         with _single_threaded_torch():
             launch.run([body(ctx) for ctx in contexts])
         result = results[0]
-        profiles = [ctx.cost.profile() for ctx in contexts] if want_profile else []
+        kept = recording is not None and recording.reason is None
+        profile = _profile(contexts) if want_profile or kept else None
         arg_storages = {id(arg.tensor._s) for arg in arguments}
-        converted = self._convert_outputs(result, use_torch, set(), arg_storages)
-        for arg in arguments:
-            if arg.tensor._s.written:
-                arg.write_back()
+        converted = self._convert_outputs(result, use_torch, set(), arg_storages, kept)
+        written = [i for i, arg in enumerate(arguments) if arg.tensor._s.written]
+        for i in written:
+            arguments[i].write_back(arguments[i].original)
+        if recording is not None:
+            if kept:
+                self._programs.put(key, replay.Program(recording, arguments, written, result, contexts, profile))
+            else:
+                log.debug("kernel %s is not replayed: %s", self.fn.__name__, recording.reason)
+                self._programs.put(key, None)
         if not want_profile:
             return converted
-        return converted, profiles[0] if len(profiles) == 1 else combine_profiles(profiles)
+        return converted, _copy_profile(profile) if kept else profile
 
-    def _convert_outputs(self, out, use_torch: bool, handed_out: set[int], arg_storages: set[int]):
+    def _replay(self, program: replay.Program, args, kwargs, want_profile: bool):
+        """A later call at a recorded signature: load its inputs, rerun the recorded steps, hand out copies."""
+        values = _tensor_values(args, kwargs)
+        for arg, value in zip(program.arguments, values, strict=True):
+            arg.load(value)
+        with _single_threaded_torch(), np.errstate(all="ignore"):
+            program.run()
+        use_torch = any(_is_torch(v) for v in values)
+        arg_storages = {id(arg.tensor._s) for arg in program.arguments}
+        converted = self._convert_outputs(program.result, use_torch, set(), arg_storages, True)
+        for i in program.written:
+            program.arguments[i].write_back(values[i])
+        return (converted, _copy_profile(program.profile)) if want_profile else converted
+
+    def _convert_outputs(self, out, use_torch: bool, handed_out: set[int], arg_storages: set[int], kept: bool):
         """The kernel's results as the caller's arrays. A kernel may return one of its own arguments (an output
-        passed in, as AWS's scatter example does): that tensor is the caller's, whatever its HBM kind."""
+        passed in, as AWS's scatter example does): that tensor is the caller's, whatever its HBM kind. The
+        allocations of a recorded call are `kept` for its replays: the caller gets copies."""
         if out is None:
             return None
         if isinstance(out, (tuple, list)):
-            return type(out)(self._convert_outputs(o, use_torch, handed_out, arg_storages) for o in out)
+            return type(out)(self._convert_outputs(o, use_torch, handed_out, arg_storages, kept) for o in out)
         if not isinstance(out, NkiTensor):
             raise NkiValidationError(
                 "kernel-output", f"kernel {self.fn.__name__} returned {type(out).__name__}; return NKI tensors",
@@ -258,13 +317,62 @@ class Kernel:
             )
         a = out._a
         whole = a is not None and a.shape == out._s.data.shape and a.dtype == out._s.data.dtype and out.offset == 0
-        if whole and id(out._s) not in handed_out:  # the run is over: hand the allocation itself out
+        if whole and not kept and id(out._s) not in handed_out:  # the run is over: hand the allocation itself out
             handed_out.add(id(out._s))
             data = out._s.data
         else:
             data = np.array(out._read())
         return _numpy_to_torch(data, out.dtype) if use_torch else (data.astype(np.bool_) if out.dtype == "bool"
                                                                      else data)
+
+
+def _profile(contexts) -> Profile:
+    profiles = [ctx.cost.profile() for ctx in contexts]
+    return profiles[0] if len(profiles) == 1 else combine_profiles(profiles)
+
+
+def _copy_profile(profile: Profile) -> Profile:
+    """A recorded profile for one caller (its dicts are the caller's to change)."""
+    mine = copy.copy(profile)
+    for f in dataclasses.fields(mine):
+        value = getattr(mine, f.name)
+        if isinstance(value, dict):
+            setattr(mine, f.name, dict(value))
+    return mine
+
+
+def _tensor_values(args, kwargs) -> list:
+    """The tensor arguments in the order the interpreter converts them (positional, then keyword; into tuples)."""
+    found: list = []
+
+    def visit(value) -> None:
+        if _is_torch(value) or isinstance(value, np.ndarray):
+            found.append(value)
+        elif isinstance(value, tuple):
+            for v in value:
+                visit(v)
+
+    for value in (*args, *kwargs.values()):
+        visit(value)
+    return found
+
+
+def _signature(args, kwargs, target: str, lnc: int):
+    """What a kernel call's instruction stream can depend on, or None when an argument cannot be keyed."""
+
+    def key(value):
+        if _is_torch(value):
+            return "torch", value.dtype, tuple(value.shape)
+        if isinstance(value, np.ndarray):
+            return "numpy", value.dtype.str, value.dtype.name, value.shape
+        if isinstance(value, tuple):
+            return tuple, tuple(key(v) for v in value)
+        return replay.static_key(value)
+
+    try:
+        return target, lnc, tuple(key(a) for a in args), tuple((k, key(v)) for k, v in kwargs.items())
+    except (replay.Unkeyable, TypeError):
+        return None
 
 
 def jit(fn=None, **kwargs):

@@ -27,7 +27,7 @@ import weakref
 import numpy as np
 
 from neuron_dynamo.nki import dtypes
-from neuron_dynamo.nki.context import Allocation, current
+from neuron_dynamo.nki.context import Allocation, active, current
 from neuron_dynamo.nki.errors import NkiValidationError, kernel_site
 
 
@@ -91,12 +91,12 @@ class NkiTensor:
         self._a = array
         self._s = storage
         self._dt = dtype
-        self._idx = idx  # indirect tensors: (flat element indices, out-of-bounds mask or None, the offsets tensor)
+        self._idx = idx  # indirect tensors: their `Indirect` addressing
 
     # ---------------------------------------------------------------- attributes
     @property
     def shape(self) -> tuple[int, ...]:
-        return self._a.shape if self._idx is None else self._idx[0].shape
+        return self._a.shape if self._idx is None else self._idx.shape
 
     @property
     def dtype(self) -> str:
@@ -174,10 +174,11 @@ class NkiTensor:
         return self._s.buffer in ONCHIP
 
     def _read(self) -> np.ndarray:
+        _outside_step("reads tensor values into the kernel's Python")
         if self._idx is None:
             return self._a
         flat = self._s.data.reshape(-1)
-        idx, oob, _ = self._idx
+        idx, oob = self._idx.resolve()
         return flat[idx] if oob is None else flat[np.where(oob, 0, idx)]
 
     def _write(self, values: np.ndarray, mask: np.ndarray | None = None) -> None:
@@ -185,6 +186,7 @@ class NkiTensor:
 
         `mask` (same element count) limits the write to the selected elements (DMA skips out-of-bounds rows).
         """
+        _outside_step("writes memory outside a recorded instruction")
         values = dtypes.to_dtype(values, self._dt)
         self._s.written = True
         self._s.f32_cache = None
@@ -201,7 +203,7 @@ class NkiTensor:
                 a[mask] = values.reshape(a.shape)[mask]
             return
         flat = self._s.data.reshape(-1)
-        idx, oob, _ = self._idx
+        idx, oob = self._idx.resolve()
         values = values.reshape(idx.shape)
         keep = None if mask is None else mask.reshape(idx.shape)
         if oob is not None:
@@ -479,26 +481,60 @@ class NkiTensor:
         d = _int(indirect_dim, "indirect_dim")
         if not 0 <= d < len(pattern):
             raise NkiValidationError("ap", f"indirect_dim {d} is outside the {len(pattern)}-D access pattern")
-        rows = np.asarray(vector_offset._read())
+        vector_offset._direct("vector_offset")
+        shape = vector_offset.shape
+        available = math.prod(shape)
+        if len(shape) == 2 and shape[1] > 1:  # a [128, N] index tile is read column-major, as far as needed
+            available = min(available, counts[d])
+        if available != counts[d]:
+            raise NkiValidationError(
+                "ap", f"vector_offset has {available} indices but access-pattern dim {d} has {counts[d]} elements"
+            )
+        return NkiTensor(None, self._s, self._dt, Indirect(pattern, offset, d, flat.size, vector_offset))
+
+
+class Indirect:
+    """The addressing of an indirect access pattern: the element indices come from the index tile when the DMA
+    runs (as on hardware), so a replayed DMA gathers with that call's indices."""
+
+    __slots__ = ("pattern", "offset", "dim", "size", "offsets", "shape")
+
+    def __init__(self, pattern, offset: int, dim: int, size: int, offsets: NkiTensor) -> None:
+        self.pattern = pattern
+        self.offset = offset
+        self.dim = dim
+        self.size = size  # elements of the whole allocation
+        self.offsets = offsets  # the index tile
+        self.shape = tuple(n for _, n in pattern)
+
+    def resolve(self) -> tuple[np.ndarray, np.ndarray | None]:
+        """(flat element indices, out-of-bounds mask or None) from the index tile's current values."""
+        d, counts = self.dim, self.shape
+        rows = np.asarray(self.offsets._a)
         if rows.ndim == 2 and rows.shape[1] > 1:  # a [128, N] index tile is read column-major: indices.T.flatten()
             rows = rows.T.reshape(-1)[: counts[d]]
         rows = rows.reshape(-1)
-        if rows.size != counts[d]:
-            raise NkiValidationError(
-                "ap", f"vector_offset has {rows.size} indices but access-pattern dim {d} has {counts[d]} elements"
-            )
         rows = rows.astype(np.int64) if rows.dtype.kind in "iu" else np.rint(rows.astype(np.float64)).astype(np.int64)
-        idx = np.full(tuple(counts), offset, dtype=np.int64)
-        for k, (st, n) in enumerate(pattern):
-            shape = [1] * len(pattern)
+        idx = np.full(counts, self.offset, dtype=np.int64)
+        for k, (st, n) in enumerate(self.pattern):
+            shape = [1] * len(counts)
             shape[k] = n
             along = rows * st if k == d else np.arange(n, dtype=np.int64) * st
             idx += along.reshape(shape)
         # a dynamic index out of range invalidates its whole row (the DMA skips whole descriptors)
-        oob = (idx < 0) | (idx >= flat.size)
-        other_axes = tuple(k for k in range(len(pattern)) if k != d)
+        oob = (idx < 0) | (idx >= self.size)
+        other_axes = tuple(k for k in range(len(counts)) if k != d)
         oob = np.broadcast_to(oob.any(axis=other_axes, keepdims=True), oob.shape) if other_axes else oob
-        return NkiTensor(None, self._s, self._dt, (idx, oob if oob.any() else None, vector_offset))
+        return idx, oob if oob.any() else None
+
+
+def _outside_step(what: str) -> None:
+    """A data access outside an instruction's recorded step makes the call being recorded unreplayable."""
+    ctx = active()
+    if ctx is not None:
+        recording = ctx.launch.recording
+        if recording is not None and not recording.in_step:
+            recording.refuse(f"it {what}")
 
 
 def _no_operator(name):
@@ -589,12 +625,20 @@ def allocate(shape, dtype, buffer, name: str = "", fill=None, site=None) -> NkiT
             data = np.full(shape, value, dtype=storage_dtype)
         storage = Storage(data, region, name, site, use)
         weakref.finalize(storage, _recycle, ctx.launch.free_tiles, key, data)
+        _recorded(ctx, storage, value)
         return NkiTensor(data, storage, name_dt)
     data = np.full(shape, value, dtype=storage_dtype)
     storage = Storage(data, region, name, site, use)
+    _recorded(ctx, storage, value)
     if region == "shared_hbm" and ctx.launch.num_programs > 1:
         ctx.launch.shared_hbm.append(storage)
     return NkiTensor(data, storage, name_dt)
+
+
+def _recorded(ctx, storage: Storage, value) -> None:
+    recording = ctx.launch.recording
+    if recording is not None:
+        recording.allocated(storage, value)
 
 
 def _recycle(free_tiles: dict, key, data: np.ndarray) -> None:

@@ -9,7 +9,7 @@ import numpy as np
 from neuron_dynamo.nki import dtypes
 from neuron_dynamo.nki.context import current
 from neuron_dynamo.nki.isa.enums import _DgeMode, _OobMode, dge_mode, engine, oob_mode
-from neuron_dynamo.nki.isa.operands import _fail, _record, _tensor, _touch
+from neuron_dynamo.nki.isa.operands import _fail, _record, _step, _tensor, _touch
 from neuron_dynamo.nki.ops import resolve_alu
 from neuron_dynamo.nki.tensor import NkiTensor
 
@@ -35,19 +35,16 @@ def dma_copy(dst, src, priority=None, oob_mode=oob_mode.error, dge_mode=dge_mode
             _fail("dge-mode", f"{op}: hardware DGE needs trn2 or newer (target {ctx.target})")
         if src._dt != dst._dt:
             _fail("dge-mode", f"{op}: hardware DGE cannot cast ({src._dt} -> {dst._dt}); use equal dtypes")
-    mask = None
-    for what, t in (("src", src), ("dst", dst)):
-        if t._idx is not None and t._idx[1] is not None:
-            if oob_mode is _OobMode.error:
-                _fail("dma-oob", f"{op}: the dynamic indices of {what} reach outside its tensor; fix the indices "
-                      "or pass oob_mode=nisa.oob_mode.skip to skip those rows")
-            if what == "src":
-                mask = ~t._idx[1]
-    values = src._read()
-    if src._dt != dst._dt:
-        values = dtypes.as_f32(values)
-    dst._write(values.reshape(-1) if values.shape != dst.shape else values,
-               None if mask is None else mask.reshape(-1))
+    cast = src._dt != dst._dt
+
+    def run():
+        mask = _in_bounds(op, oob_mode, src, dst)
+        values = src._read()
+        if cast:
+            values = dtypes.as_f32(values)
+        dst._write(values.reshape(-1) if values.shape != dst.shape else values, mask)
+
+    _step(ctx, run)
     sb = dst if dst._s.buffer == "sbuf" else (src if src._s.buffer == "sbuf" else None)
     parts = sb.shape[0] if sb is not None else 1
     nbytes = n_dst * dtypes.itemsize(dst._dt)
@@ -55,9 +52,27 @@ def dma_copy(dst, src, priority=None, oob_mode=oob_mode.error, dge_mode=dge_mode
     run = _contiguous_run_bytes(src, dst)
     if run is not None:
         extra["contiguous_bytes"] = run
-    offsets = tuple(t._idx[2] for t in (src, dst) if t._idx is not None)  # the index tiles are read too
+    offsets = tuple(t._idx.offsets for t in (src, dst) if t._idx is not None)  # the index tiles are read too
     _touch(ctx, (src, dst, *offsets))
     _record(ctx, op, "dma", parts, n_dst // max(parts, 1), (src,), dst, dma_bytes=nbytes, **extra)
+
+
+def _in_bounds(op: str, mode, src: NkiTensor, dst: NkiTensor) -> np.ndarray | None:
+    """The flat mask of the elements an indirect DMA copies now (None: all); out-of-bounds indices raise unless
+    `oob_mode=skip` (the indices are the index tile's values at this point of the kernel)."""
+    mask = None
+    for what, t in (("src", src), ("dst", dst)):
+        if t._idx is None:
+            continue
+        oob = t._idx.resolve()[1]
+        if oob is None:
+            continue
+        if mode is _OobMode.error:
+            _fail("dma-oob", f"{op}: the dynamic indices of {what} reach outside its tensor; fix the indices "
+                  "or pass oob_mode=nisa.oob_mode.skip to skip those rows")
+        if what == "src":
+            mask = ~oob.reshape(-1)
+    return mask
 
 
 def _removed_dma_copy_argument(removed: dict) -> None:
@@ -107,10 +122,13 @@ def dma_compute(dst, srcs, scales=None, reduce_op=None, unique_indices=True, oob
             _fail("dma-psum", f"{op}: DMA cannot access PSUM")
         if math.prod(t.shape) != n:
             _fail("dma-elements", f"{op}: every tensor needs {n} elements, {t.shape} has {math.prod(t.shape)}")
-    total = dtypes.as_f32(srcs[0]._read()).reshape(-1).copy()
-    for t in srcs[1:]:
-        total += dtypes.as_f32(t._read()).reshape(-1)
-    dst._write(total)
+    def run():
+        total = dtypes.as_f32(srcs[0]._read()).reshape(-1).copy()
+        for t in srcs[1:]:
+            total += dtypes.as_f32(t._read()).reshape(-1)
+        dst._write(total)
+
+    _step(ctx, run)
     _touch(ctx, (*srcs, dst))
     sb = dst if dst._s.buffer == "sbuf" else None
     parts = sb.shape[0] if sb is not None else 1
@@ -146,7 +164,7 @@ def dma_transpose(dst, src, axes=None, dge_mode=dge_mode.unknown, oob_mode=oob_m
         if src.shape[0] not in (1, 2, 4, 8, 16) or src.shape[-1] > 128:
             _fail("dge-mode", f"{op}: hardware DGE transpose needs src.shape[0] in (1, 2, 4, 8, 16) and "
                   f"src.shape[-1] <= 128, got {src.shape}")
-    dst._write(np.transpose(src._read(), want))
+    _step(ctx, lambda: dst._write(np.transpose(src._read(), want)))
     _touch(ctx, (src, dst))
     n = math.prod(dst.shape)
     _record(ctx, op, "dma", dst.shape[0], n // dst.shape[0], (src,), dst, dma_bytes=n * 2,

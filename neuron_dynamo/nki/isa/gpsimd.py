@@ -19,6 +19,7 @@ from neuron_dynamo.nki.isa.operands import (
     _record,
     _rows,
     _same_layout,
+    _step,
     _touch,
 )
 from neuron_dynamo.nki.ops import resolve_alu
@@ -51,7 +52,8 @@ def iota(dst, pattern, offset=0, channel_multiplier=0, name=None):
     if dst._s.buffer != "sbuf":
         _fail("gpsimd-psum", f"{op}: dst must be in SBUF (GpSimd cannot access PSUM)")
     values = _affine_values(op, dst, pattern, offset, channel_multiplier)
-    dst._write(values if dtypes.is_int(dst._dt) else values.astype(np.float32))
+    values = values if dtypes.is_int(dst._dt) else values.astype(np.float32)
+    _step(ctx, lambda: dst._write(values))
     _touch(ctx, (dst,))
     p, f = _pf(dst)
     _record(ctx, op, "gpsimd", p, f, (), dst)
@@ -73,9 +75,13 @@ def affine_select(dst, pattern, channel_multiplier, on_true_tile, on_false_value
         _fail("alu-op", f"{op}: cmp_op must be a comparison, got {cmp.name}")
     values = _affine_values(op, dst, pattern, offset, channel_multiplier).astype(np.float32)
     keep = cmp.fn(values, np.float32(0)) != 0
-    true_vals = _rows(on_true_tile, p, f) if on_true_tile._dt == dst._dt else _f32(on_true_tile, p, f)
-    out = np.where(keep, dtypes.as_f32(true_vals), np.float32(on_false_value))
-    dst._write(out)
+    same = on_true_tile._dt == dst._dt
+
+    def run():
+        true_vals = _rows(on_true_tile, p, f) if same else _f32(on_true_tile, p, f)
+        dst._write(np.where(keep, dtypes.as_f32(true_vals), np.float32(on_false_value)))
+
+    _step(ctx, run)
     _touch(ctx, (on_true_tile, dst))
     _record(ctx, op, "gpsimd", p, f, (on_true_tile,), dst)
 
@@ -94,9 +100,8 @@ def tensor_partition_reduce(dst, op, data, name=None):
     if _pf(dst) != (1, f):
         _fail("shape-mismatch", f"{iname}: dst must be [1, {f}], got {dst.shape}")
     if alu.kind == "bitvec":
-        out = _from_bits(alu.reduce(_bits(_rows(data, p, f), data._dt), (0,)), dst._dt)
+        _step(ctx, lambda: dst._write(_from_bits(alu.reduce(_bits(_rows(data, p, f), data._dt), (0,)), dst._dt)))
     else:
-        out = alu.reduce(_f32(data, p, f), (0,))
-    dst._write(out)
+        _step(ctx, lambda: dst._write(alu.reduce(_f32(data, p, f), (0,))))
     _touch(ctx, (data, dst))
     _record(ctx, iname, "gpsimd", p, f, (data,), dst, alu_op=alu.name)

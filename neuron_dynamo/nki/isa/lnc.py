@@ -6,7 +6,7 @@ import numpy as np
 
 from neuron_dynamo.nki.context import current
 from neuron_dynamo.nki.isa.enums import engine
-from neuron_dynamo.nki.isa.operands import _fail, _onchip, _record, _rows, _same_layout, _tensor, _touch
+from neuron_dynamo.nki.isa.operands import _fail, _onchip, _record, _rows, _same_layout, _step, _tensor, _touch
 
 
 def _lnc_check(op: str, ctx) -> None:
@@ -47,8 +47,15 @@ def sendrecv(src, dst, send_to_rank, recv_from_rank, pipe_id, name=None):
         if rank not in range(ctx.launch.num_programs):
             _fail("sendrecv", f"{op}: {what}={rank} is not a program instance of this launch")
     me = ctx.program_id
-    ctx.launch.post((pipe_id, me, send_to_rank), np.array(_rows(src, p, f)))
+    sent = [None]  # the mailbox slot: the step fills it, the receiver's step reads it (also when replayed)
+
+    def send():
+        sent[0] = np.array(_rows(src, p, f))
+
+    _step(ctx, send)
+    ctx.launch.post((pipe_id, me, send_to_rank), sent)
     _touch(ctx, (src, dst))
     _record(ctx, op, "dma", p, f, (src,), dst, dma_bytes=p * f * src.itemsize)
     ctx.launch.barrier(me, op)
-    dst._write(ctx.launch.collect((pipe_id, recv_from_rank, me)))
+    received = ctx.launch.collect((pipe_id, recv_from_rank, me))
+    _step(ctx, lambda: dst._write(received[0]))

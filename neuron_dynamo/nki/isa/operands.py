@@ -1,7 +1,9 @@
 """The operand checks every instruction shares, and the report of each executed instruction to the cost model.
 
-`_record` and `_access` feed `costmodel.Instruction` (engine, sizes, dtypes, buffers, and the storage regions read and
-written, which order instructions on different engines).
+`_step` runs an instruction's reads, arithmetic and writes (kept for replay while a call is recorded, see
+`nki.replay`: whatever a step computes from tensor values must happen inside it). `_record` and `_access` feed
+`costmodel.Instruction` (engine, sizes, dtypes, buffers, and the storage regions read and written, which order
+instructions on different engines).
 """
 
 from __future__ import annotations
@@ -194,17 +196,42 @@ def _access(t: NkiTensor) -> tuple[int, tuple[int, int, int, int]]:
 _EVERYWHERE = 2**62
 
 
-def _scalar_operand(op: str, what: str, x, p: int):
-    """A compile-time scalar (as fp32) or a [P, 1] tile (as a [P, 1] fp32 column)."""
+def _step(ctx, fn) -> None:
+    """Run an instruction's data part now; while the call is recorded, also keep it for replay."""
+    recording = ctx.launch.recording
+    if recording is None:
+        fn()
+    else:
+        recording.step(fn)
+
+
+def _dynamic(ctx, why: str) -> None:
+    """This call's results depend on something a replay would not reproduce: never replay it."""
+    recording = ctx.launch.recording
+    if recording is not None:
+        recording.refuse(why)
+
+
+def _scalar_reader(op: str, what: str, x, p: int):
+    """A compile-time scalar or a [P, 1] tile operand: (a function giving its fp32 value when the step runs, the
+    tile or None)."""
     if isinstance(x, NkiTensor):
         _onchip(op, what, x)
         xp, xf = _pf(x)
         if xp != p or xf != 1:
             _fail("operand-shape", f"{op}: {what} tile must be [{p}, 1] (one value per partition), got {x.shape}")
-        return dtypes.as_f32(x._a.reshape(p, 1)), x
+        column = x._a.reshape(p, 1)
+        return (lambda: dtypes.as_f32(column)), x
     if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, float, np.integer, np.floating)):
         _fail("operand", f"{op}: {what} must be a number or a [P, 1] tile, got {type(x).__name__}")
-    return np.float32(x), None
+    value = np.float32(x)
+    return (lambda: value), None
+
+
+def _scalar_operand(op: str, what: str, x, p: int):
+    """A compile-time scalar (as fp32) or a [P, 1] tile (as a [P, 1] fp32 column), read now."""
+    read, tile = _scalar_reader(op, what, x, p)
+    return read(), tile
 
 
 def _bits(values: np.ndarray, dtype: str) -> np.ndarray:

@@ -22,6 +22,8 @@ from neuron_dynamo.nki.isa.operands import (
     _rows,
     _same_layout,
     _scalar_operand,
+    _scalar_reader,
+    _step,
     _touch,
     _vector_regs,
 )
@@ -56,12 +58,11 @@ def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=None):
               f"partition, dst {dst.shape} has {_pf(dst)[1]}")
     if alu.kind == "bitvec":
         _need_int(iname, alu, data, dst)
-        out = _from_bits(alu.reduce(_bits(data._a, data._dt), axes), dst._dt)
+        _step(ctx, lambda: dst._write(_from_bits(alu.reduce(_bits(data._a, data._dt), axes), dst._dt)))
+    elif negate:
+        _step(ctx, lambda: dst._write(-alu.reduce(dtypes.as_f32(data._a), axes)))
     else:
-        out = alu.reduce(dtypes.as_f32(data._a), axes)
-        if negate:
-            out = -out
-    dst._write(out)
+        _step(ctx, lambda: dst._write(alu.reduce(dtypes.as_f32(data._a), axes)))
     _touch(ctx, (data, dst))
     _record(ctx, iname, "vector", p, f, (data,), dst, alu_op=alu.name)
 
@@ -77,21 +78,26 @@ def tensor_tensor_scan(dst, data0, data1, initial, op0, op1, reverse0=False, rev
     if data0._s.buffer == "psum" and data1._s.buffer == "psum":
         _fail("tensor-tensor-psum", f"{iname}: data0 and data1 are both in PSUM; at most one may be")
     a0, a1 = resolve_alu(op0, "op0"), resolve_alu(op1, "op1")
-    init, init_t = _scalar_operand(iname, "initial", initial, p)
-    d0, d1 = _f32(data0, p, f), _f32(data1, p, f)
-    if a0.name == "multiply" and a1.name == "add" and not reverse1 and np.all(d0 == 1.0):
-        # running sum: sequential fp32 accumulation, the same order as the engine's
-        first = (d1[:, :1] + init).astype(np.float32)
-        out = np.cumsum(np.concatenate([first, d1[:, 1:]], axis=1), axis=1, dtype=np.float32)
-    else:
-        out = np.empty((p, f), dtype=np.float32)
-        prev = np.broadcast_to(np.asarray(init, dtype=np.float32).reshape(-1), (p,)) if init_t is None \
-            else init.reshape(p)
-        for i in range(f):
-            t = a0.fn(prev, d0[:, i]) if reverse0 else a0.fn(d0[:, i], prev)
-            prev = a1.fn(d1[:, i], t) if reverse1 else a1.fn(t, d1[:, i])
-            out[:, i] = prev
-    dst._write(out)
+    read_init, init_t = _scalar_reader(iname, "initial", initial, p)
+
+    def run():
+        init = read_init()
+        d0, d1 = _f32(data0, p, f), _f32(data1, p, f)
+        if a0.name == "multiply" and a1.name == "add" and not reverse1 and np.all(d0 == 1.0):
+            # running sum: sequential fp32 accumulation, the same order as the engine's
+            first = (d1[:, :1] + init).astype(np.float32)
+            out = np.cumsum(np.concatenate([first, d1[:, 1:]], axis=1), axis=1, dtype=np.float32)
+        else:
+            out = np.empty((p, f), dtype=np.float32)
+            prev = np.broadcast_to(np.asarray(init, dtype=np.float32).reshape(-1), (p,)) if init_t is None \
+                else init.reshape(p)
+            for i in range(f):
+                t = a0.fn(prev, d0[:, i]) if reverse0 else a0.fn(d0[:, i], prev)
+                prev = a1.fn(d1[:, i], t) if reverse1 else a1.fn(t, d1[:, i])
+                out[:, i] = prev
+        dst._write(out)
+
+    _step(ctx, run)
     ins = (data0, data1) if init_t is None else (data0, data1, init_t)
     _touch(ctx, (*ins, dst))
     _record(ctx, iname, "vector", p, f, ins, dst, alu_op=a1.name)
@@ -109,16 +115,20 @@ def bn_stats(dst, data, name=None):
               "(nl.tile_size.bn_stats_fmax): split it and aggregate with bn_aggr")
     if _pf(dst) != (p, 6):
         _fail("shape-mismatch", f"{op}: dst must hold 6 values per partition ([{p}, 6]), got {dst.shape}")
-    x = _f32(data, p, f)
-    out = np.empty((p, 6), dtype=np.float32)
-    for k, half in enumerate((x[:, 0::2], x[:, 1::2])):
-        n = half.shape[1]
-        mean = half.mean(axis=1, dtype=np.float32) if n else np.zeros(p, np.float32)
-        m2 = ((half - mean[:, None]) ** 2).sum(axis=1, dtype=np.float32) if n else np.zeros(p, np.float32)
-        out[:, 3 * k] = n
-        out[:, 3 * k + 1] = mean
-        out[:, 3 * k + 2] = m2
-    dst._write(out)
+
+    def run():
+        x = _f32(data, p, f)
+        out = np.empty((p, 6), dtype=np.float32)
+        for k, half in enumerate((x[:, 0::2], x[:, 1::2])):
+            n = half.shape[1]
+            mean = half.mean(axis=1, dtype=np.float32) if n else np.zeros(p, np.float32)
+            m2 = ((half - mean[:, None]) ** 2).sum(axis=1, dtype=np.float32) if n else np.zeros(p, np.float32)
+            out[:, 3 * k] = n
+            out[:, 3 * k + 1] = mean
+            out[:, 3 * k + 2] = m2
+        dst._write(out)
+
+    _step(ctx, run)
     _touch(ctx, (data, dst))
     _record(ctx, op, "vector", p, f, (data,), dst)
 
@@ -134,13 +144,17 @@ def bn_aggr(dst, data, name=None):
         _fail("shape-mismatch", f"{op}: data must hold (count, mean, var*count) triples; {f} elements per partition")
     if _pf(dst) != (p, 2):
         _fail("shape-mismatch", f"{op}: dst must hold (mean, variance) per partition ([{p}, 2]), got {dst.shape}")
-    t = _f32(data, p, f).reshape(p, f // 3, 3)
-    count, mean, m2 = t[..., 0], t[..., 1], t[..., 2]
-    total = count.sum(axis=1)
-    safe = np.where(total > 0, total, 1)
-    mu = (count * mean).sum(axis=1) / safe
-    var = (m2 + count * (mean - mu[:, None]) ** 2).sum(axis=1) / safe
-    dst._write(np.stack([mu, var], axis=1).astype(np.float32))
+
+    def run():
+        t = _f32(data, p, f).reshape(p, f // 3, 3)
+        count, mean, m2 = t[..., 0], t[..., 1], t[..., 2]
+        total = count.sum(axis=1)
+        safe = np.where(total > 0, total, 1)
+        mu = (count * mean).sum(axis=1) / safe
+        var = (m2 + count * (mean - mu[:, None]) ** 2).sum(axis=1) / safe
+        dst._write(np.stack([mu, var], axis=1).astype(np.float32))
+
+    _step(ctx, run)
     _touch(ctx, (data, dst))
     _record(ctx, op, "vector", p, f, (data,), dst)
 
@@ -156,9 +170,13 @@ def max8(dst, src, name=None):
         _fail("shape-mismatch", f"{op}: src needs 8..16384 elements per partition, got {f}")
     if _pf(dst) != (p, 8):
         _fail("shape-mismatch", f"{op}: dst must be [{p}, 8], got {dst.shape}")
-    x = _f32(src, p, f)
-    top = -np.sort(-x, axis=1)[:, :8]
-    dst._write(top)
+
+    def run():
+        x = _f32(src, p, f)
+        top = -np.sort(-x, axis=1)[:, :8]
+        dst._write(top)
+
+    _step(ctx, run)
     _touch(ctx, (src, dst))
     _record(ctx, op, "vector", p, f, (src,), dst)
 
@@ -176,10 +194,13 @@ def tensor_scalar_reduce(dst, data, op0, operand0, reduce_op, reduce_res, revers
     a0, red = resolve_alu(op0, "op0"), resolve_alu(reduce_op, "reduce_op")
     if a0.kind != "arith" or red.name not in ("add", "subtract", "multiply", "maximum", "minimum"):
         _fail("alu-op", f"{iname}: op0 must be arithmetic and reduce_op one of add/subtract/multiply/max/min")
-    v0, t0 = _scalar_operand(iname, "operand0", operand0, p)
-    out = _apply(a0, _f32(data, p, f), v0, reverse0)
-    dst._write(out)
-    reduce_res._write(red.reduce(dtypes.as_f32(dst._a.reshape(p, f)), (1,)))
+    read0, t0 = _scalar_reader(iname, "operand0", operand0, p)
+
+    def run():
+        dst._write(_apply(a0, _f32(data, p, f), read0(), reverse0))
+        reduce_res._write(red.reduce(dtypes.as_f32(dst._a.reshape(p, f)), (1,)))
+
+    _step(ctx, run)
     ins = (data,) if t0 is None else (data, t0)
     _touch(ctx, (*ins, dst, reduce_res))
     _record(ctx, iname, "vector", p, f, ins, dst, alu_op=a0.name)

@@ -8,7 +8,7 @@ import numpy as np
 
 from neuron_dynamo.nki import dtypes
 from neuron_dynamo.nki.context import current
-from neuron_dynamo.nki.isa.operands import _fail, _tensor, _touch
+from neuron_dynamo.nki.isa.operands import _fail, _step, _tensor, _touch
 
 
 class VirtualRegister:
@@ -69,5 +69,6 @@ def register_store(dst, src) -> None:
     dst = _tensor("register_store", "dst", dst)
     if math.prod(dst.shape) != 1:
         _fail("register", f"register_store: dst must hold exactly one element, got shape {dst.shape}")
-    dst._write(np.array([int(src)], dtype=np.int64) if dtypes.is_int(dst._dt) else np.float32([int(src)]))
+    value = np.array([int(src)], dtype=np.int64) if dtypes.is_int(dst._dt) else np.float32([int(src)])
+    _step(ctx, lambda: dst._write(value))  # a register only holds a data-dependent value after a refused load
     _touch(ctx, (dst,))

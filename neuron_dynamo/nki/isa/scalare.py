@@ -16,6 +16,8 @@ from neuron_dynamo.nki.isa.operands import (
     _record,
     _same_layout,
     _scalar_operand,
+    _scalar_reader,
+    _step,
     _touch,
     log,
 )
@@ -36,42 +38,52 @@ def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=N
     data = _onchip(iname, "data", data)
     p, f = _same_layout(iname, ("data", "dst"), data, dst)
     act_name, fn = resolve_activation(op)
-    x = _f32(data, p, f)
     ins = [data]
-    sc, sc_t = _scalar_operand(iname, "scale", scale, p)
+    read_scale, sc_t = _scalar_reader(iname, "scale", scale, p)
     if sc_t is not None:
         ins.append(sc_t)
-    if sc_t is not None or sc != 1.0:
-        x = x * sc
+    scaled = sc_t is not None or read_scale() != 1.0
+    read_bias = None
     if bias is not None:
-        b, b_t = _scalar_operand(iname, "bias", bias, p)
+        read_bias, b_t = _scalar_reader(iname, "bias", bias, p)
         if b_t is None and ctx.limits.nc_version == 2:
             _fail("activation-bias", f"{iname}: on trn1 bias must be a [P, 1] tile, not a scalar")
         if b_t is not None:
             ins.append(b_t)
-        x = x + b
-    if act_name in _ACTIVATION_RANGES:
-        _check_activation_range(ctx, act_name, x)
-    out = fn(x)
     if not isinstance(reduce_cmd, _ReduceCmd):
         _fail("reduce-cmd", f"{iname}: reduce_cmd must be an nisa.reduce_cmd member")
     reducing = reduce_op is not None or reduce_res is not None or reduce_cmd is not _ReduceCmd.idle
     if reduce_op is not None and resolve_alu(reduce_op, "reduce_op").name != "add":
         _fail("activation-reduce-op", f"{iname}: reduce_op must be nl.add")
-    regs = ctx.scalar_reduce_regs
-    cmd = reduce_cmd.name
-    if cmd in ("reset", "reset_reduce"):
-        regs[:p] = 0.0
-    if cmd in ("reduce", "reset_reduce", "load_reduce"):
-        regs[:p] += out.sum(axis=1, dtype=np.float32)
-    dst._write(out)
     touched = [*ins, dst]
     if reduce_res is not None:
         reduce_res = _onchip(iname, "reduce_res", reduce_res)
         if _pf(reduce_res) != (p, 1):
             _fail("operand-shape", f"{iname}: reduce_res must be [{p}, 1], got {reduce_res.shape}")
-        reduce_res._write(regs[:p].copy())
         touched.append(reduce_res)
+    regs = ctx.scalar_reduce_regs
+    cmd = reduce_cmd.name
+    warn_range = [act_name in _ACTIVATION_RANGES]  # the range warning belongs to the first run, not to replays
+
+    def run():
+        x = _f32(data, p, f)
+        if scaled:
+            x = x * read_scale()
+        if read_bias is not None:
+            x = x + read_bias()
+        if warn_range[0]:
+            warn_range[0] = False
+            _check_activation_range(ctx, act_name, x)
+        out = fn(x)
+        if cmd in ("reset", "reset_reduce"):
+            regs[:p] = 0.0
+        if cmd in ("reduce", "reset_reduce", "load_reduce"):
+            regs[:p] += out.sum(axis=1, dtype=np.float32)
+        dst._write(out)
+        if reduce_res is not None:
+            reduce_res._write(regs[:p].copy())
+
+    _step(ctx, run)
     _touch(ctx, touched)
     _record(ctx, iname, "scalar", p, f, tuple(ins), dst, act=act_name, reduce=reducing)
 

@@ -18,9 +18,11 @@ from neuron_dynamo.nki.isa.operands import (
     _pf,
     _record,
     _rows,
+    _step,
     _tensor,
     _touch,
 )
+from neuron_dynamo.nki.replay import ReplayDiverged
 from neuron_dynamo.nki.tensor import NkiTensor
 
 _F32_FAMILY = ("float32", "tfloat32")
@@ -102,38 +104,56 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     if limits.nc_version < 4:
         _check_one_bank(op, dst, limits.psum_bank_bytes)
     if double_row:
-        s = dtypes.as_f32(stationary._a).reshape(k * 2, m)
-        mv = dtypes.as_f32(moving._a).reshape(k * 2, n)
+        def operands():
+            return dtypes.as_f32(stationary._a).reshape(k * 2, m), dtypes.as_f32(moving._a).reshape(k * 2, n)
     else:
-        s = _f32(stationary, k, m)
-        mv = _f32(moving, k, n)
-    if is_transpose and k == n and np.array_equal(mv, np.eye(k, dtype=np.float32)):
-        result = _rows(stationary, k, m).T  # bit-exact transpose through the identity (NC-v3+ behaviour)
-        dst._write(result)
+        def operands():
+            return _f32(stationary, k, m), _f32(moving, k, n)
+    # a transpose through the identity is bit-exact (NC-v3+ behaviour): the path depends on the moving data
+    identity = is_transpose and k == n and _is_identity(operands()[1])
+    if identity:
+        def run():
+            if not _is_identity(operands()[1]):
+                raise ReplayDiverged("nc_matmul: the moving tile of an identity transpose changed")
+            dst._write(_rows(stationary, k, m).T)
     else:
-        result = (dtypes.torch_view(s).T @ dtypes.torch_view(mv)).numpy()  # one fp32 GEMM
-        if psum_accumulate_flag is not None:
-            add = not (psum_accumulate_flag & 1)
-        elif accumulate is None:
-            groups = dst._s.acc_groups
-            key = (dst._a.__array_interface__["data"][0], dst._a.shape, dst._a.strides)
-            add = key in groups
+        add = _accumulates(dst, psum_accumulate_flag, accumulate)
+
+        def run():
+            s, mv = operands()
+            if is_transpose and k == n and _is_identity(mv):
+                raise ReplayDiverged("nc_matmul: the moving tile of a transpose became the identity")
+            result = (dtypes.torch_view(s).T @ dtypes.torch_view(mv)).numpy()  # one fp32 GEMM
             if not add:
-                groups[key] = _extent(dst)
-        else:
-            add = bool(accumulate)
-        if add:
-            if dst._dt == "float32":
+                dst._write(result)
+            elif dst._dt == "float32":
                 dst._s.written = True
                 dst._s.f32_cache = None
                 dst._a += result.reshape(dst._a.shape)
             else:
                 dst._write(dtypes.as_f32(dst._a).reshape(m, n) + result)
-        else:
-            dst._write(result)
+    _step(ctx, run)
     _touch(ctx, (stationary, moving, dst), matmul=True)
     _record(ctx, op, "tensor", k, n, (stationary, moving), dst, flops=0 if is_transpose else 2 * k * m * n,
             M=m, K=k, N=n, is_transpose=bool(is_transpose), perf_mode=perf_mode.name)
+
+
+def _is_identity(moving: np.ndarray) -> bool:
+    return np.array_equal(moving, np.eye(moving.shape[0], dtype=np.float32))
+
+
+def _accumulates(dst: NkiTensor, psum_accumulate_flag, accumulate) -> bool:
+    """Whether this matmul adds to dst: the flags, or (by default) an accumulation group already open on dst."""
+    if psum_accumulate_flag is not None:
+        return not (psum_accumulate_flag & 1)
+    if accumulate is not None:
+        return bool(accumulate)
+    groups = dst._s.acc_groups
+    key = (dst._a.__array_interface__["data"][0], dst._a.shape, dst._a.strides)
+    if key in groups:
+        return True
+    groups[key] = _extent(dst)
+    return False
 
 
 def _check_one_bank(op: str, dst: NkiTensor, bank: int) -> None:
@@ -171,6 +191,6 @@ def nc_transpose(dst, data, engine=engine.unknown, name=None):
             _fail("transpose-size", f"{op}: TensorE transposes at most 128x128, got [{p}, {f}]")
     elif p > 32 or f > 32:
         _fail("transpose-size", f"{op}: VectorE transposes at most 32x32, got [{p}, {f}]")
-    dst._write(_rows(data, p, f).T)
+    _step(ctx, lambda: dst._write(_rows(data, p, f).T))
     _touch(ctx, (data, dst))
     _record(ctx, op, eng, p, f, (data,), dst)

@@ -10,6 +10,7 @@ from neuron_dynamo.nki.isa.enums import _ReduceCmd, engine, reduce_cmd
 from neuron_dynamo.nki.isa.operands import (
     _apply,
     _bits,
+    _dynamic,
     _engine_name,
     _f32,
     _fail,
@@ -22,6 +23,8 @@ from neuron_dynamo.nki.isa.operands import (
     _rows,
     _same_layout,
     _scalar_operand,
+    _scalar_reader,
+    _step,
     _touch,
     _vector_regs,
 )
@@ -40,8 +43,10 @@ def tensor_copy(dst, src, engine=engine.unknown, name=None):
     _no_gpsimd_psum(op, eng, src, dst)
     if eng == "scalar" and ctx.limits.nc_version == 2:
         _fail("engine", f"{op}: NC-v2 (trn1) ScalarE cannot run tensor_copy; use activation(op=nl.copy)")
-    values = _rows(src, p, f) if src._dt == dst._dt else _f32(src, p, f)
-    dst._write(values)
+    if src._dt == dst._dt:
+        _step(ctx, lambda: dst._write(_rows(src, p, f)))
+    else:
+        _step(ctx, lambda: dst._write(_f32(src, p, f)))
     _touch(ctx, (src, dst))
     _record(ctx, op, eng, p, f, (src,), dst, dynamic_address=False)
 
@@ -74,7 +79,7 @@ def memset(dst, value, engine=engine.unknown, name=None):
         _fail("memset-value", f"{op}: value {value!r} is a float but dst is {dst._dt}; pass an integer value")
     p, f = _pf(dst)
     fill = np.full((p, f), value, dtype=np.int64 if dtypes.is_int(dst._dt) else np.float32)
-    dst._write(fill)
+    _step(ctx, lambda: dst._write(fill))
     _touch(ctx, (dst,))
     _record(ctx, op, eng, p, f, (), dst, value=float(value))
 
@@ -99,11 +104,11 @@ def tensor_tensor(dst, data1, data2, op, engine=engine.unknown, name=None):
     _no_gpsimd_psum(iname, eng, data1, data2, dst)
     if alu.kind == "bitvec":
         _need_int(iname, alu, data1, data2, dst)
-        out = _from_bits(alu.fn(_bits(_rows(data1, p, f), data1._dt), _bits(_rows(data2, p, f), data2._dt)),
-                         dst._dt)
+        _step(ctx, lambda: dst._write(_from_bits(
+            alu.fn(_bits(_rows(data1, p, f), data1._dt), _bits(_rows(data2, p, f), data2._dt)), dst._dt)))
     else:
-        out = alu.fn(_f32(data1, p, f), _f32(data2, p, f))
-    dst._write(out)
+        fn = alu.fn
+        _step(ctx, lambda: dst._write(fn(_f32(data1, p, f), _f32(data2, p, f))))
     _touch(ctx, (data1, data2, dst))
     _record(ctx, iname, eng, p, f, (data1, data2), dst, alu_op=alu.name)
 
@@ -130,37 +135,43 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
             _fail("scalar-engine-ops", f"{iname}: trn2 ScalarE supports only multiply+add, multiply or add, got "
                   f"{combo}")
     ins = [data]
+    stages = []  # (operator, operand reader, reverse)
     if a0.kind == "bitvec":
         if eng != "vector":
             _fail("engine", f"{iname}: bit-vector operators run on the vector engine only")
         _need_int(iname, a0, data, dst)
-        x = _bits(_rows(data, p, f), data._dt)
         for alu, operand, rev in ((a0, operand0, reverse0), (a1, operand1, reverse1)):
             if alu is None:
                 continue
             if isinstance(operand, NkiTensor):
                 _onchip(iname, "operand", operand)
                 ins.append(operand)
-                val = _bits(operand._a.reshape(p, 1), operand._dt)
+                stages.append((alu, _bits_reader(operand, p), rev))
             elif isinstance(operand, (int, np.integer)) and not isinstance(operand, bool):
-                val = np.int64(operand)
+                stages.append((alu, _constant(np.int64(operand)), rev))
             else:
                 _fail("operand", f"{iname}: bit-vector operands must be integers or integer [P, 1] tiles")
-            x = _apply(alu, x, val, rev)
-        out = _from_bits(x, dst._dt)
+
+        def run():
+            x = _bits(_rows(data, p, f), data._dt)
+            for alu, read, rev in stages:
+                x = _apply(alu, x, read(), rev)
+            dst._write(_from_bits(x, dst._dt))
     else:
-        x = _f32(data, p, f)
-        v0, t0 = _scalar_operand(iname, "operand0", operand0, p)
-        x = _apply(a0, x, v0, reverse0)
-        if t0 is not None:
-            ins.append(t0)
-        if a1 is not None:
-            v1, t1 = _scalar_operand(iname, "operand1", operand1, p)
-            x = _apply(a1, x, v1, reverse1)
-            if t1 is not None:
-                ins.append(t1)
-        out = x
-    dst._write(out)
+        for alu, operand, rev, what in ((a0, operand0, reverse0, "operand0"), (a1, operand1, reverse1, "operand1")):
+            if alu is None:
+                continue
+            read, tile = _scalar_reader(iname, what, operand, p)
+            stages.append((alu, read, rev))
+            if tile is not None:
+                ins.append(tile)
+
+        def run():
+            x = _f32(data, p, f)
+            for alu, read, rev in stages:
+                x = _apply(alu, x, read(), rev)
+            dst._write(x)
+    _step(ctx, run)
     _touch(ctx, (*ins, dst))
     _record(ctx, iname, eng, p, f, tuple(ins), dst, alu_op=a0.name, alu_op1=a1.name if a1 else None)
 
@@ -178,10 +189,9 @@ def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False
     a0, a1 = resolve_alu(op0, "op0"), resolve_alu(op1, "op1")
     if a0.kind != "arith" or a1.kind != "arith":
         _fail("alu-kind", f"{iname}: op0 and op1 must be arithmetic operators")
-    v0, t0 = _scalar_operand(iname, "operand0", operand0, p)
-    x = _apply(a0, _f32(data, p, f), v0, reverse0)
-    out = _apply(a1, x, _f32(operand1, p, f), reverse1)
-    dst._write(out)
+    read0, t0 = _scalar_reader(iname, "operand0", operand0, p)
+    _step(ctx, lambda: dst._write(_apply(a1, _apply(a0, _f32(data, p, f), read0(), reverse0), _f32(operand1, p, f),
+                                         reverse1)))
     ins = (data, operand1) if t0 is None else (data, t0, operand1)
     _touch(ctx, (*ins, dst))
     _record(ctx, iname, "vector", p, f, ins, dst, alu_op=a1.name)
@@ -194,7 +204,7 @@ def reciprocal(dst, data, name=None):
     dst = _onchip(op, "dst", dst)
     data = _onchip(op, "data", data)
     p, f = _same_layout(op, ("data", "dst"), data, dst)
-    dst._write(np.float32(1.0) / _f32(data, p, f))
+    _step(ctx, lambda: dst._write(np.float32(1.0) / _f32(data, p, f)))
     _touch(ctx, (data, dst))
     _record(ctx, op, "vector", p, f, (data,), dst)
 
@@ -206,6 +216,7 @@ def dropout(dst, data, prob, name=None):
     dst = _onchip(op, "dst", dst)
     data = _onchip(op, "data", data)
     p, f = _same_layout(op, ("data", "dst"), data, dst)
+    _dynamic(ctx, "it draws random numbers")
     rate, rate_t = _scalar_operand(op, "prob", prob, p)
     keep = ctx.rng.random((p, f), dtype=np.float32) >= rate
     dst._write(np.where(keep, _f32(data, p, f), np.float32(0)))
@@ -229,16 +240,20 @@ def tensor_copy_predicated(dst, src, predicate, reverse_pred=False, name=None):
             _fail("dtype-mismatch", f"{op}: src ({src._dt}) and dst ({dst._dt}) must share a dtype")
         if src._s.buffer == "psum" and predicate._s.buffer == "psum":
             _fail("tensor-tensor-psum", f"{op}: src and predicate may not both be in PSUM")
-        values = _rows(src, p, f)
         ins.insert(0, src)
+        read = _constant(None)
     else:
-        values = np.full((p, f), src, dtype=dtypes.STORAGE[dst._dt])
+        read = _constant(np.full((p, f), src, dtype=dtypes.STORAGE[dst._dt]))
     if predicate._dt not in ("uint8", "uint16", "uint32"):
         _fail("predicate-dtype", f"{op}: predicate must be uint8/uint16/uint32, got {predicate._dt}")
-    mask = _rows(predicate, p, f) != 0
-    if reverse_pred:
-        mask = ~mask
-    dst._write(np.asarray(values).reshape(p, f), mask)
+
+    def run():
+        values = read()
+        values = _rows(src, p, f) if values is None else values
+        mask = _rows(predicate, p, f) != 0
+        dst._write(np.asarray(values).reshape(p, f), ~mask if reverse_pred else mask)
+
+    _step(ctx, run)
     _touch(ctx, (*ins, dst))
     _record(ctx, op, "vector", p, f, tuple(ins), dst)
 
@@ -267,6 +282,15 @@ def exponential(dst, src, max_value=0.0, reduce_res=None, reduce_cmd=reduce_cmd.
         touched.append(reduce_res)
     _touch(ctx, touched)
     _record(ctx, iname, "vector", p, f, (src,), dst)
+
+
+def _constant(value):
+    return lambda: value
+
+
+def _bits_reader(operand: NkiTensor, p: int):
+    column = operand._a.reshape(p, 1)
+    return lambda: _bits(column, operand._dt)
 
 
 def nc_stream_shuffle(dst, src, shuffle_mask, name=None):
