@@ -419,7 +419,9 @@ class BucketedGraph:
                 outputs.append(evaluate(value.node.expr, real))
             elif isinstance(value, torch.Tensor) and isinstance(result, torch.Tensor):
                 layout = factors[position] if position < len(factors) and factors[position] else None
-                outputs.append(_slice_to(result, value, real, sizes, layout))
+                sliced = _slice_to(result, value, real, sizes, layout)
+                # a tensor of its own, not a view into the bucket-sized buffer (in-place ops on outputs, contiguity)
+                outputs.append(sliced if sliced is result else sliced.clone(memory_format=torch.contiguous_format))
             else:
                 outputs.append(result)
         return outputs

@@ -26,6 +26,7 @@ from neuron_dynamo.bucket_dispatch import bucket_config, bucketed_graph, general
 from neuron_dynamo.errors import NeuronDynamoError
 from neuron_dynamo.lowering import lower_region, op_name
 from neuron_dynamo.options import OptionError, Options
+from neuron_dynamo.output_layout import EagerLayout
 from neuron_dynamo.passes.bucketing import BucketingError
 from neuron_dynamo.passes.decompose_fallbacks import decompose_fallbacks
 from neuron_dynamo.passes.flops import node_flops
@@ -269,11 +270,14 @@ def _count(report: GraphReport) -> None:
     counters.bump("ops_total", report.ops_total)
     counters.bump("ops_lowered", report.ops_lowered)
     counters.bump("fallback_ops", sum(entry["count"] for entry in report.fallback_ops))
+    for entry in report.fallback_ops:  # by op and kind of reason: stats() names every op that ran eagerly
+        counters.bump(f"fallback_ops.{entry['op']} ({entry['reason'].split(' (', 1)[0]})", entry["count"])
     counters.bump("compile_seconds", report.compile_seconds)
     log.info(
-        "%s %s: %d/%d ops lowered in %d region(s), %d fallback op(s), %.3f s",
+        "%s %s: %d/%d ops lowered in %d region(s), %d fallback op(s)%s, %.3f s",
         report.name, report.kind, report.ops_lowered, report.ops_total, report.regions,
-        sum(entry["count"] for entry in report.fallback_ops), report.compile_seconds,
+        sum(entry["count"] for entry in report.fallback_ops),
+        "".join(f"; {entry['op']}: {entry['reason']}" for entry in report.fallback_ops), report.compile_seconds,
     )
 
 
@@ -304,7 +308,8 @@ def compile_graph(
         if counters.reporting():
             counters.publish_report(report)
 
-    return EagerFallback(compiled, gm, f"{name}.{kind}", strict=strict, passthrough=ASKED_FOR, on_failure=on_failure)
+    return EagerFallback(EagerLayout(compiled, gm), gm, f"{name}.{kind}", strict=strict, passthrough=ASKED_FOR,
+                         on_failure=on_failure)
 
 
 # Errors the user asked for: bad options, a size beyond max_bucket, an unsupported op under fallback="error".

@@ -9,9 +9,11 @@ it took, how it is bucketed (exact while it has one value under dynamic=True) an
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -175,3 +177,22 @@ def explain(fn_or_module: Any, *args: Any, options: dict[str, Any] | None = None
         output = compiled(*args, **kwargs)
     unique = list({id(report): report for report in reports}.values())
     return ExplainReport(graphs=unique, output=output)
+
+
+@contextlib.contextmanager
+def explaining() -> Iterator[ExplainReport]:
+    """Report on every static program that runs inside the block, whoever compiled it: for runs that call the model
+    themselves (Transformers `Trainer`, TRL `SFTTrainer`, `generate()`), where `explain(fn, ...)` cannot.
+
+        with neuron_dynamo.explaining() as report:
+            trainer.train()
+        print(report)  # the fallback ops of the run, each with its reason
+
+    The report is filled when the block ends.
+    """
+    report = ExplainReport(graphs=[])
+    with counters.collect_reports() as reports:
+        try:
+            yield report
+        finally:
+            report.graphs = list({id(graph): graph for graph in reports}.values())

@@ -8,6 +8,7 @@ the compiled kernels, the fallback ops run with PyTorch, all in graph order.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
@@ -89,15 +90,17 @@ def owned_outputs(outputs: Any, inputs: Sequence[Any]) -> Any:
     Kernels hand back views (a row of a [1, 1] buffer, a bucket output narrowed to the real size). AOTAutograd
     passes such a view on as an output of its autograd Function, where an in-place op (Trainer's `loss *= scale`)
     is forbidden, and a narrowed view saved for the backward is not contiguous, which some CPU kernels assume.
-    Views of an input stay: they are aliases AOTAutograd knows about.
+    Views of an input stay: they are aliases AOTAutograd knows about; so do views sharing memory with another output
+    (laid out as eager's by `output_layout.EagerLayout`).
     """
     if not isinstance(outputs, (list, tuple)):
         return outputs
     storages = {arg.untyped_storage().data_ptr() for arg in inputs if isinstance(arg, torch.Tensor)}
+    shared = Counter(out.untyped_storage().data_ptr() for out in outputs if isinstance(out, torch.Tensor))
     owned = [
         out.clone(memory_format=torch.contiguous_format)
         if isinstance(out, torch.Tensor) and out._base is not None
-        and out.untyped_storage().data_ptr() not in storages else out
+        and out.untyped_storage().data_ptr() not in storages and shared[out.untyped_storage().data_ptr()] == 1 else out
         for out in outputs
     ]
     return type(outputs)(owned) if isinstance(outputs, tuple) else owned

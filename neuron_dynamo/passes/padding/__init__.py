@@ -33,7 +33,8 @@ Rules, over a padded dim (`mask` = the analysis inserts `masked_fill(pad region,
 | permute, transpose, expand | dims follow; a broadcast to a padded size fills the pad with real data (UNKNOWN) |
 | slice, narrow, select | constant start >= 0: safe. Start counted from the end (`x[:, -1]`): refuse. A start, |
 |   | index or (unpadded) end computed from a dynamic size (`table[x.shape[1] - 1]`), of any tensor: refuse |
-| cat / split, unbind | along unpadded dims safe; along a padded dim only the last operand may be padded / refuse |
+| cat / split, unbind | along unpadded dims safe; along a padded dim only the last operand may be padded; |
+|   | `split_with_sizes` of a tail-padded dim whose pieces but the last are unpadded: safe; other splits refuse |
 | stack | safe: the new dim is unpadded, the others keep the operands' pads (mixed kinds: UNKNOWN) |
 | constant_pad_nd | right padding of a padded dim: the fill is moved to the real end (mask); a crop at the start |
 |   | (negative left pad: a causal conv's backward) keeps the tail; a crop at the end: refuse |

@@ -250,11 +250,24 @@ def _split(self: Analysis, node: fx.Node):
     args = self.kwargs(node)
     dim = args.get("dim", 0) % len(state.dims)
     if state.dims[dim] is not None:
-        self.refuse(node, "splitting along a padded dim would put padding inside the first pieces")
+        return _split_padded_tail(self, node, state, dim)
     if node.target.overloadpacket is aten.unbind:
         kept = state.dims[:dim] + state.dims[dim + 1:]
         return tuple(TensorPad(kept, state.bound) for _ in node.meta["val"])
     return tuple(TensorPad(state.dims, state.bound) for _ in node.meta["val"])
+
+
+def _split_padded_tail(self: Analysis, node: fx.Node, state: TensorPad, dim: int):
+    """split_with_sizes along a padded dim whose pad is its tail: safe when only the last piece's size is padded
+    (`cat([text, image]).split([text_len, image_len])`): the other pieces are real data, the last keeps the tail."""
+    pieces = [[sympy.sympify(s.node.expr if isinstance(s, torch.SymInt) else int(s)) for s in value.shape]
+              for value in node.meta["val"]]
+    if (node.target.overloadpacket is not aten.split_with_sizes or not state.dims[dim].is_tail
+            or any(self.is_padded(shape[dim]) for shape in pieces[:-1])):
+        self.refuse(node, "splitting along a padded dim would put padding inside the first pieces")
+    head = state.dims[:dim] + (None,) + state.dims[dim + 1:]
+    tail = state.dims[:dim] + (DimPad(pieces[-1][dim], state.dims[dim].kind),) + state.dims[dim + 1:]
+    return tuple([TensorPad(head, state.bound)] * (len(pieces) - 1) + [TensorPad(tail, state.bound)])
 
 
 @rule(aten.constant_pad_nd)
