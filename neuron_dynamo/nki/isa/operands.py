@@ -62,6 +62,17 @@ def _same_layout(op: str, names: tuple[str, ...], *ts: NkiTensor) -> tuple[int, 
     return p, f
 
 
+def _two_inputs(op: str, names: tuple[str, str, str], a, b, dst) -> tuple[NkiTensor, NkiTensor, NkiTensor, int, int]:
+    """The on-chip operands of a two-input VectorE instruction (`names`: the two inputs, then dst), checked for one
+    layout and at most one input in PSUM: (a, b, dst, partitions, elements per partition)."""
+    dst = _onchip(op, names[2], dst)
+    a, b = _onchip(op, names[0], a), _onchip(op, names[1], b)
+    p, f = _same_layout(op, names, a, b, dst)
+    if a._s.buffer == "psum" and b._s.buffer == "psum":
+        _fail("tensor-tensor-psum", f"{op}: {names[0]} and {names[1]} are both in PSUM; at most one may be")
+    return a, b, dst, p, f
+
+
 def _rows(t: NkiTensor, p: int, f: int) -> np.ndarray:
     """The tensor's values as a [partitions, free] array (a copy only when the view is not reshapeable)."""
     return t._a.reshape(p, f)

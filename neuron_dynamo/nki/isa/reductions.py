@@ -25,6 +25,7 @@ from neuron_dynamo.nki.isa.operands import (
     _scalar_reader,
     _step,
     _touch,
+    _two_inputs,
     _vector_regs,
 )
 from neuron_dynamo.nki.ops import resolve_alu
@@ -71,12 +72,7 @@ def tensor_tensor_scan(dst, data0, data1, initial, op0, op1, reverse0=False, rev
     """Per partition: `r[i] = op1(op0(data0[i], r[i-1]), data1[i])`, `r[-1] = initial` (fp32)."""
     iname = "tensor_tensor_scan"
     ctx = current()
-    dst = _onchip(iname, "dst", dst)
-    data0 = _onchip(iname, "data0", data0)
-    data1 = _onchip(iname, "data1", data1)
-    p, f = _same_layout(iname, ("data0", "data1", "dst"), data0, data1, dst)
-    if data0._s.buffer == "psum" and data1._s.buffer == "psum":
-        _fail("tensor-tensor-psum", f"{iname}: data0 and data1 are both in PSUM; at most one may be")
+    data0, data1, dst, p, f = _two_inputs(iname, ("data0", "data1", "dst"), data0, data1, dst)
     a0, a1 = resolve_alu(op0, "op0"), resolve_alu(op1, "op1")
     read_init, init_t = _scalar_reader(iname, "initial", initial, p)
 

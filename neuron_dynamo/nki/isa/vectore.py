@@ -26,6 +26,7 @@ from neuron_dynamo.nki.isa.operands import (
     _scalar_reader,
     _step,
     _touch,
+    _two_inputs,
     _vector_regs,
 )
 from neuron_dynamo.nki.ops import resolve_alu
@@ -88,12 +89,7 @@ def tensor_tensor(dst, data1, data2, op, engine=engine.unknown, name=None):
     """Element-wise `dst = data1 op data2` (fp32 arithmetic or integer bit-vector ops)."""
     iname = "tensor_tensor"
     ctx = current()
-    dst = _onchip(iname, "dst", dst)
-    data1 = _onchip(iname, "data1", data1)
-    data2 = _onchip(iname, "data2", data2)
-    p, f = _same_layout(iname, ("data1", "data2", "dst"), data1, data2, dst)
-    if data1._s.buffer == "psum" and data2._s.buffer == "psum":
-        _fail("tensor-tensor-psum", f"{iname}: data1 and data2 are both in PSUM; at most one input may be in PSUM")
+    data1, data2, dst, p, f = _two_inputs(iname, ("data1", "data2", "dst"), data1, data2, dst)
     alu = resolve_alu(op)
     default = "gpsimd" if alu.name == "power" else "vector"
     if default == "vector" and {data1._dt, data2._dt} <= {"int32", "uint32"} and "psum" not in (
@@ -180,12 +176,7 @@ def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False
     """`dst = (data op0 operand0) op1 operand1`: operand0 a scalar or [P, 1] tile, operand1 a full tile."""
     iname = "scalar_tensor_tensor"
     ctx = current()
-    dst = _onchip(iname, "dst", dst)
-    data = _onchip(iname, "data", data)
-    operand1 = _onchip(iname, "operand1", operand1)
-    p, f = _same_layout(iname, ("data", "operand1", "dst"), data, operand1, dst)
-    if data._s.buffer == "psum" and operand1._s.buffer == "psum":
-        _fail("tensor-tensor-psum", f"{iname}: data and operand1 are both in PSUM; at most one may be")
+    data, operand1, dst, p, f = _two_inputs(iname, ("data", "operand1", "dst"), data, operand1, dst)
     a0, a1 = resolve_alu(op0, "op0"), resolve_alu(op1, "op1")
     if a0.kind != "arith" or a1.kind != "arith":
         _fail("alu-kind", f"{iname}: op0 and op1 must be arithmetic operators")
