@@ -145,7 +145,7 @@ def mamba_rows() -> list[dict]:
 
 
 def library_rows(quick: bool) -> list[dict]:
-    bench = _load_module("kernels")
+    bench = _load_module("kernel_library")
     return [bench.run(*case) for case in bench.cases(quick)]
 
 

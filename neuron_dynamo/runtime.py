@@ -95,12 +95,12 @@ def owned_outputs(outputs: Any, inputs: Sequence[Any]) -> Any:
     """
     if not isinstance(outputs, (list, tuple)):
         return outputs
-    storages = {arg.untyped_storage().data_ptr() for arg in inputs if isinstance(arg, torch.Tensor)}
-    shared = Counter(out.untyped_storage().data_ptr() for out in outputs if isinstance(out, torch.Tensor))
+    storages = {arg.untyped_storage()._cdata for arg in inputs if isinstance(arg, torch.Tensor)}
+    shared = Counter(out.untyped_storage()._cdata for out in outputs if isinstance(out, torch.Tensor))
     owned = [
         out.clone(memory_format=torch.contiguous_format)
         if isinstance(out, torch.Tensor) and out._base is not None
-        and out.untyped_storage().data_ptr() not in storages and shared[out.untyped_storage().data_ptr()] == 1 else out
+        and out.untyped_storage()._cdata not in storages and shared[out.untyped_storage()._cdata] == 1 else out
         for out in outputs
     ]
     return type(outputs)(owned) if isinstance(outputs, tuple) else owned

@@ -113,7 +113,7 @@ def source_digest() -> str:
     """sha256 over the sources that make the NKI kernels: lowering, toolchain, the kernel library, the interpreter."""
     digest = hashlib.sha256()
     for package in ("lowering", "toolchain", "kernels", "nki"):
-        spec = importlib.util.find_spec(f"neuron_dynamo.{package}")  # kernels/ installs from outside the package
+        spec = importlib.util.find_spec(f"neuron_dynamo.{package}")  # nki_kernels/ installs from outside the package
         for location in spec.submodule_search_locations:
             for path in sorted(Path(location).rglob("*.py")):
                 digest.update(f"{package}/{path.relative_to(location).as_posix()}".encode() + b"\0" + path.read_bytes())

@@ -1,11 +1,11 @@
-"""benchmarks/kernels.py keeps working: its --quick --json run covers every kernel with estimated figures."""
+"""benchmarks/kernel_library.py keeps working: its --quick --json run covers every kernel with estimated figures."""
 
 import json
 import subprocess
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "kernels.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "kernel_library.py"
 
 
 def test_quick_benchmark_reports_every_kernel():

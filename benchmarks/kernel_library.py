@@ -8,10 +8,10 @@ attention counted on the causal FLOPs only, i.e. the useful half of the score ma
 HBM roofline for memory-bound ones), the engine that bounds it, and the interpreter's wall time.
 All device figures are ESTIMATES, not measurements.
 
-    python benchmarks/kernels.py            # table
-    python benchmarks/kernels.py --json     # one JSON document
-    python benchmarks/kernels.py --only attention_causal --only matmul
-    python benchmarks/kernels.py --quick    # small shapes (a smoke run of every kernel, seconds)
+    python benchmarks/kernel_library.py            # table
+    python benchmarks/kernel_library.py --json     # one JSON document
+    python benchmarks/kernel_library.py --only attention_causal --only matmul
+    python benchmarks/kernel_library.py --quick    # small shapes (a smoke run of every kernel, seconds)
 """
 
 import argparse

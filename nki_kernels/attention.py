@@ -38,7 +38,7 @@ KEY_BLOCK = 4 * FMAX  # keys per online-softmax step: four PSUM banks of scores
 NEG = -1.0e30  # additive value of a masked (raw, unscaled) score
 NEG_FP16 = -60000.0  # the same in fp16, whose range ends at 65504: masks go through TensorE in the input dtype
 # How each 128-key block of probabilities gets transposed (see _probs_times_v): "d" DMA, "s" TensorE + ScalarE
-# copy, "v" TensorE + VectorE copy. Tuned with benchmarks/kernels.py so that VectorE (row max), ScalarE (exp),
+# copy, "v" TensorE + VectorE copy. Tuned with benchmarks/kernel_library.py so that VectorE (row max), ScalarE (exp),
 # DMA and TensorE finish close together on causal 4096 x 128 bf16 attention.
 TRANSPOSE_ROUTE = "ddddsvsvdddsvsvs"
 
