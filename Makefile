@@ -23,7 +23,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q -n 2 --dist loadfile
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=15
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
