@@ -14,6 +14,7 @@ from neuron_dynamo.errors import NeuronDynamoError
 from neuron_dynamo.lowering import (  # noqa: F401
     attention,
     conv,
+    distance,
     elementwise,
     indexing,
     loss,

@@ -16,13 +16,16 @@ aten = torch.ops.aten
 CREATION_OPS = (
     aten.full, aten.full_like, aten.zeros, aten.zeros_like, aten.ones, aten.ones_like, aten.empty, aten.empty_like,
     aten.new_zeros, aten.new_ones, aten.new_full, aten.new_empty, aten.scalar_tensor, aten.arange, aten.fill,
+    aten.empty_permuted, aten.new_empty_strided,
 )
+# An empty tensor's values are undefined: its kernel writes zeros (no uninitialised device memory leaks out).
+_EMPTY = (aten.empty, aten.empty_like, aten.new_empty, aten.empty_permuted, aten.new_empty_strided)
 
 
 def fill_value(node_or_op, args, kwargs):
     """The value a creation op writes (its tensor arguments only give a shape), as step args."""
     op = getattr(node_or_op, "overloadpacket", node_or_op)
-    if op in (aten.zeros, aten.zeros_like, aten.new_zeros, aten.empty, aten.empty_like, aten.new_empty):
+    if op in (aten.zeros, aten.zeros_like, aten.new_zeros) or op in _EMPTY:
         return (0,)
     if op in (aten.ones, aten.ones_like, aten.new_ones):
         return (1,)

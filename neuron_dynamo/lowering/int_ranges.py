@@ -96,6 +96,7 @@ def _derived_magnitude(node: fx.Node, packet, depth: int) -> float:
 
 
 _MODULO_EXACT = 2**22  # dividend and divisor below it: the fp32 quotient is off by at most one, which is corrected
+WIDE_MODULO_DIVISOR = 2**10  # below it an int32 dividend of any size is reduced exactly, a 16-bit half at a time
 
 
 def _modulo_refusal(node: fx.Node, dtype: torch.dtype) -> str | None:
@@ -109,6 +110,8 @@ def _modulo_refusal(node: fx.Node, dtype: torch.dtype) -> str | None:
         return f"an {name} {node.target.overloadpacket.__name__} by 0: torch raises"
     if not torch.iinfo(dtype).min <= divisor <= torch.iinfo(dtype).max:
         return f"an {name} modulo by {divisor}, beyond {name}: torch converts the divisor first (it wraps)"
+    if abs(divisor) < WIDE_MODULO_DIVISOR and dtype in (torch.int32, torch.int64):
+        return None  # any int32 dividend: its 16-bit halves are reduced apart (math_functions._wide_modulo)
     if abs(divisor) >= _MODULO_EXACT or magnitude(dividend) >= _MODULO_EXACT:
         return f"an {name} {node.target.overloadpacket.__name__} whose operands can reach 2**22: {_INEXACT}"
     return None
@@ -146,6 +149,51 @@ def integer_refusal(node: fx.Node, packet, dtype: torch.dtype) -> str | None:
     else:
         alpha = node.kwargs.get("alpha", args[2] if len(args) > 2 else 1)
         bound = magnitude(args[0]) + magnitude(args[1]) * abs(alpha)
+        if bound >= FP32_EXACT and _index_sum_exact(node, min(magnitude(args[0]), magnitude(args[1]) * abs(alpha))):
+            return None
     if bound >= FP32_EXACT:
         return f"{name} arithmetic ({packet.__name__}) whose result can reach 2**24: {_INEXACT}"
     return None
+
+
+# ------------------------------------------------------------------------------------------------ index-only sums
+_RESHAPES = (aten.view, aten._unsafe_view, aten.reshape, aten.expand, aten.unsqueeze, aten.squeeze, aten.flatten,
+             aten.clone, aten.alias, aten.permute, aten.t, aten.transpose, aten.contiguous)
+_INDEX_ARGUMENT = {aten.gather: 2, aten.scatter: 2, aten.scatter_add: 2, aten.scatter_reduce: 2,
+                   aten.index_select: 2}
+
+
+def _indexed_size(user: fx.Node, value: fx.Node) -> float:
+    """The size of the dim `user` indexes with `value`, or inf when `value` is not (only) an index of `user`."""
+    packet = getattr(user.target, "overloadpacket", None)
+    source = user.args[0].meta.get("val") if user.args and isinstance(user.args[0], fx.Node) else None
+    if not isinstance(source, torch.Tensor) or value is user.args[0]:
+        return math.inf
+    shape = list(source.shape) or [1]
+    if packet in (aten.index, aten.index_put) and value not in user.args[2:]:
+        return max((shape[d] for d, index in enumerate(user.args[1]) if index is value), default=math.inf)
+    if packet in _INDEX_ARGUMENT and user.args[_INDEX_ARGUMENT[packet]] is value and value not in user.args[3:]:
+        return shape[user.args[1] % len(shape)]
+    return math.inf
+
+
+def index_use_size(node: fx.Node, depth: int = 0) -> float:
+    """The largest dim size `node`'s value indexes, when every use of it (through reshapes) is as an index; else
+    inf. Such an index is in [-size, size) or torch raises, which the index kernels do too (they check bounds)."""
+    if depth > _MAX_DEPTH or not node.users:
+        return math.inf
+    largest = 0.0
+    for user in node.users:
+        packet = getattr(user.target, "overloadpacket", None)
+        if packet in _RESHAPES and user.args[0] is node:
+            largest = max(largest, index_use_size(user, depth + 1))
+        else:
+            largest = max(largest, _indexed_size(user, node))
+    return largest
+
+
+def _index_sum_exact(node: fx.Node, smaller: float) -> bool:
+    """Whether a sum with one operand bounded by `smaller` and used only as an index is exact in fp32: a result
+    outside [-size, size) makes torch (and the kernels) raise, so the other operand is below size + smaller, and
+    a far-off operand stays far off when rounded; `size + 2·smaller` below 2**24 keeps every step exact."""
+    return index_use_size(node) + 2 * smaller < FP32_EXACT

@@ -13,8 +13,11 @@ import numpy as np
 import torch
 
 from neuron_dynamo.lowering import codegen
-from neuron_dynamo.lowering.codegen import TILE_SHAPE, Emitter, Tile, emits
+from neuron_dynamo.lowering.codegen import TILE_SHAPE, Emitter, GroupSpec, Ref, Step, Tile, emits
 from neuron_dynamo.lowering.elementwise import INT_DTYPES, all_integer, binary, log_of, maximum, minimum
+from neuron_dynamo.lowering.generated import FusedKernel, run_single
+from neuron_dynamo.lowering.int_ranges import WIDE_MODULO_DIVISOR
+from neuron_dynamo.lowering.registry import lowers
 
 aten = torch.ops.aten
 
@@ -434,6 +437,30 @@ def _ldexp(e, dt, a, exponent):
     return e.call("nl.copy", result, dtype=dt)
 
 
+def _floored_modulo(e: Emitter, x: Tile, m: int) -> Tile:
+    """x mod m in [0, m) for integer-valued fp32 x and m below 2**22: the fp32 quotient is off by at most one."""
+    rest = _f(e, "nl.subtract", x, _f(e, "nl.multiply", _f(e, "nl.floor", _f(e, "nl.multiply", x, 1.0 / m)),
+                                      float(m)))
+    rest = _where(e, _mask(e, "nl.less", rest, 0.0), _f(e, "nl.add", rest, float(m)), rest)
+    return _where(e, _mask(e, "nl.greater_equal", rest, float(m)), _f(e, "nl.subtract", rest, float(m)), rest)
+
+
+def _wide_modulo(e: Emitter, a: Tile, b: int, truncated: bool) -> Tile:
+    """fmod / remainder of any int32 by a constant below 2**10, exact: a + 2**31 = high·2**16 + low (bit ops),
+    so a ≡ (high mod m)·(2**16 mod m) + (low mod m) - (2**31 mod m) (mod m), every term below 2**22."""
+    m = abs(b)
+    biased = e.call("nl.bitwise_xor", a, 2**31, dtype="int32")
+    high = _f(e, "nl.copy", e.call("nl.right_shift", biased, 16, dtype="int32"))
+    low = _f(e, "nl.copy", e.call("nl.bitwise_and", a, 0xFFFF, dtype="int32"))
+    folded = _f(e, "nl.add", _f(e, "nl.multiply", _floored_modulo(e, high, m), float(2**16 % m)),
+                _floored_modulo(e, low, m))
+    rest = _floored_modulo(e, _f(e, "nl.add", folded, float(m - 2**31 % m)), m)  # in [0, m)
+    signed = _where(e, _mask(e, "nl.greater", rest, 0.0), _f(e, "nl.subtract", rest, float(m)), rest)  # in (-m, 0]
+    if truncated:  # the sign of the dividend
+        return _where(e, _mask(e, "nl.less", a, 0), signed, rest)
+    return signed if b < 0 else rest  # the sign of the divisor
+
+
 def _integer_modulo(truncated: bool):
     """fmod (truncated: the sign of the dividend) or remainder (floored: the sign of the divisor) of integers by
     a non-zero constant, exact: `refusal` bounds both below 2**22, so the fp32 quotient is off by at most one,
@@ -442,6 +469,8 @@ def _integer_modulo(truncated: bool):
     def emit(e, dt, a, b):
         if not (isinstance(a, Tile) and all_integer(a, b) and not isinstance(b, Tile) and b):
             raise codegen.CodegenError("only an integer modulo by a non-zero constant is lowered")
+        if a.dtype == "int32" and abs(b) < WIDE_MODULO_DIVISOR:
+            return e.call("nl.copy", _wide_modulo(e, a, b, truncated), dtype=dt)
         quotient = _f(e, "nl.trunc" if truncated else "nl.floor", _f(e, "nl.multiply", a, 1.0 / b))
         rest = _f(e, "nl.subtract", a, _f(e, "nl.multiply", quotient, float(b)))
         # the result lies in [0, |b|) times the sign of `toward` (a for fmod, b for remainder)
@@ -463,3 +492,89 @@ emits(aten.fmod)(_integer_modulo(truncated=True))
 emits(aten.remainder)(_integer_modulo(truncated=False))
 
 
+
+# ------------------------------------------------------------------------------------------------ angle, frexp
+@emits(aten.angle)
+def _angle(e, dt, a):
+    """The angle of a real number: π below 0, 0 at or above it (-0.0 included), NaN kept."""
+    x = _fp32_tile(e, a)
+    angle = _f(e, "nl.multiply", _f(e, "nl.less", x, 0.0), math.pi)
+    return e.call("nl.where", _mask(e, "nl.not_equal", x, x), x, angle, dtype=dt)
+
+
+class FrexpPart:
+    """One output of frexp as an element-wise step of its own (both come from one kernel: `frexp_nki`)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"frexp_{self.name}"
+
+
+FREXP_MANTISSA, FREXP_EXPONENT = FrexpPart("mantissa"), FrexpPart("exponent")
+
+
+def _frexp_fields(e: Emitter, a) -> tuple[Tile, Tile, Tile, Tile]:
+    """(x, its bits, its unbiased exponent + 1, where frexp returns x and 0): read from the bits, exact. A
+    subnormal is first scaled by 2**64 (exact) so that its leading bit lands in the exponent field."""
+    x = _fp32_tile(e, a)
+    magnitude = _f(e, "nl.abs", x)
+    tiny = _f(e, "nl.less", magnitude, 2.0**-126)
+    scaled = _where(e, _mask(e, "nl.less", magnitude, 2.0**-126), _f(e, "nl.multiply", x, 2.0**64), x)
+    bits = e.view(scaled, "int32")
+    biased = e.call("nl.bitwise_and", e.call("nl.right_shift", bits, 23, dtype="int32"), 0xFF, dtype="int32")
+    exponent = _f(e, "nl.subtract", _f(e, "nl.subtract", biased, 126.0), _f(e, "nl.multiply", tiny, 64.0))
+    special = e.call("nl.logical_or", _mask(e, "nl.equal", magnitude, 0.0),
+                     _mask(e, "nl.greater_equal", biased, 255), dtype="uint8")  # 0, ±inf, NaN
+    return x, bits, exponent, special
+
+
+@emits(FREXP_MANTISSA)
+def _frexp_mantissa(e, dt, a):
+    """The bits of x with the exponent field of [0.5, 1): sign and significand kept."""
+    x, bits, _, special = _frexp_fields(e, a)
+    sign = e.call("nl.left_shift", e.call("nl.right_shift", bits, 31, dtype="int32"), 31, dtype="int32")
+    significand = e.call("nl.bitwise_and", bits, 0x7FFFFF, dtype="int32")
+    field = e.call("nl.bitwise_or", e.call("nl.bitwise_or", sign, significand, dtype="int32"), 126 << 23,
+                   dtype="int32")
+    return e.call("nl.where", special, x, e.view(field, F32), dtype=dt)
+
+
+@emits(FREXP_EXPONENT)
+def _frexp_exponent(e, dt, a):
+    _, _, exponent, special = _frexp_fields(e, a)
+    return e.call("nl.where", special, 0.0, exponent, dtype=dt)
+
+
+def _angle_refusal(node) -> str | None:
+    from neuron_dynamo.lowering.elementwise import refusal
+
+    if node.args[0].meta["val"].dtype.is_complex:
+        return "the angle of a complex tensor"
+    return refusal(node)
+
+
+def _frexp_refusal(node) -> str | None:
+    x = node.args[0].meta["val"]
+    return None if x.dtype in codegen.FLOAT_DTYPES else f"frexp of {x.dtype}"
+
+
+@lowers(aten.angle, aten.frexp, family="elementwise")
+def math_reference(op, *args, **kwargs):
+    """Reference kernel: torch computes the op."""
+    return op(*args, **kwargs)
+
+
+@lowers(aten.angle, family="elementwise", target="simulator", accepts=_angle_refusal, handles_empty=True)
+def angle_nki(op, x):
+    """A lone angle as a generated kernel (fused with its neighbours like any element-wise op)."""
+    return run_single(op, (x,), {})
+
+
+# frexp returns two tensors, so it never joins a fused group (`generated._fusable` takes single tensor results)
+@lowers(aten.frexp, family="elementwise", target="simulator", accepts=_frexp_refusal, handles_empty=True)
+def frexp_nki(op, x):
+    """Mantissa and exponent from one generated kernel (two steps reading x's bits)."""
+    steps = (Step(FREXP_MANTISSA, (Ref("in", 0),), (), x.dtype), Step(FREXP_EXPONENT, (Ref("in", 0),), (), torch.int32))
+    return FusedKernel(GroupSpec((x.dtype,), steps, (0, 1)), x.shape)(x)

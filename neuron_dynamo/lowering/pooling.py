@@ -207,18 +207,36 @@ def _refusal(node: fx.Node) -> str | None:
         return f"pooling of {x.dtype}"
     if x.dim() != SPATIAL[node.target] + 2 and x.dim() != SPATIAL[node.target] + 1:
         return f"pooling of a {x.dim()}-D input"
+    if _empty_result(node.meta["val"]):
+        return None  # nothing to compute: the kernel returns the empty result
     windows = _windows(node.target, x, node.args[1:])
-    if any(w.positions.shape[1] == 0 for w in windows):
-        return "a pooling with no output"
     if _largest_intermediate(x.shape, windows) >= EXACT_OFFSETS:
         return "pooling over 2**24 gathered elements or more (gather offsets and indices would not be exact)"
     return None
 
 
-@lowers(*AVG, *ADAPTIVE_AVG, family="pooling", target="simulator", accepts=_refusal)
+def _empty_result(value) -> bool:
+    return any(t.numel() == 0 for t in (value if isinstance(value, (tuple, list)) else [value]))
+
+
+def _empty_output(op, x: torch.Tensor, args: Sequence):
+    """The op's result if it has no elements (shapes and dtypes from torch's meta function, which raises where
+    eager does: an empty input plane with a non-empty output), else None."""
+    expected = op(x.to("meta"), *args)
+    if not _empty_result(expected):
+        return None
+    if isinstance(expected, tuple):
+        return tuple(torch.empty(t.shape, dtype=t.dtype) for t in expected)
+    return torch.empty(expected.shape, dtype=expected.dtype)
+
+
+@lowers(*AVG, *ADAPTIVE_AVG, family="pooling", target="simulator", accepts=_refusal, handles_empty=True)
 def average_pool(op, x, *args):
     from neuron_dynamo.lowering.generated import run_traced
 
+    empty = _empty_output(op, x, args)
+    if empty is not None:
+        return empty
     windows = _windows(op, x, args)
     inputs = [_tensor(_avg_divisor(op, x, args, windows))]
     for window in windows:
@@ -226,10 +244,13 @@ def average_pool(op, x, *args):
     return run_traced("average_pool", _average, [x, *inputs])
 
 
-@lowers(*MAX, *ADAPTIVE_MAX, family="pooling", target="simulator", accepts=_refusal)
+@lowers(*MAX, *ADAPTIVE_MAX, family="pooling", target="simulator", accepts=_refusal, handles_empty=True)
 def max_pool(op, x, *args):
     from neuron_dynamo.lowering.generated import run_traced
 
+    empty = _empty_output(op, x, args)
+    if empty is not None:
+        return empty
     windows = _windows(op, x, args)
     inputs = []
     plane_stride = 1  # of the dim being reduced, within one input plane

@@ -433,3 +433,50 @@ def isin(op, elements, tests, *, assume_unique=False, invert=False):
     return run_traced(f"isin:{common}:{invert}", contained, [elements, tests])
 
 
+
+
+# ------------------------------------------------------------------------------------------------ nonzero_static
+NONZERO_LIMIT = 4096  # positions numbered by one cumsum (the scan kernel's longest row)
+
+
+@lowers(aten.nonzero_static.default, family="sorting")
+def nonzero_static_reference(op, *args, **kwargs):
+    """Reference kernel: torch lists the non-zero positions."""
+    return op(*args, **kwargs)
+
+
+def _nonzero_static_refusal(node: fx.Node) -> str | None:
+    x = node.args[0].meta["val"]
+    size = node.args[1] if len(node.args) > 1 else node.kwargs["size"]
+    fill = node.args[2] if len(node.args) > 2 else node.kwargs.get("fill_value", -1)
+    if x.dtype not in codegen.NKI_DTYPES:
+        return f"nonzero_static of {x.dtype}"
+    if x.numel() > NONZERO_LIMIT:
+        return f"nonzero_static over more than {NONZERO_LIMIT} positions (they are numbered by one cumsum)"
+    if size * x.numel() > PAIRS_LIMIT:
+        return "nonzero_static whose one-hot of slots and positions would exceed 2**24 elements"
+    if not codegen.INT32_RANGE[0] <= fill <= codegen.INT32_RANGE[1]:
+        return f"a fill value beyond int32 ({fill}): the device keeps integers in 32 bits"
+    return None
+
+
+@lowers(aten.nonzero_static.default, family="sorting", target="simulator", accepts=_nonzero_static_refusal,
+        handles_empty=True)
+def nonzero_static(op, x, *, size, fill_value=-1):
+    """Slot k takes the position whose count of non-zeros before it (a cumsum) is k: a one-hot of slots against
+    positions, whose product with the positions' coordinates (a host table) picks them exactly (one term each);
+    slots beyond the count take `fill_value`."""
+    from neuron_dynamo.lowering.generated import run_traced
+
+    if size == 0 or x.dim() == 0 or x.numel() == 0:
+        return torch.full((size, x.dim()), fill_value, dtype=torch.int64)  # nothing to find: all fill (or no dims)
+    coordinates = torch.stack(torch.unravel_index(torch.arange(x.numel()), x.shape), -1).to(torch.float32)
+
+    def listed(x: torch.Tensor, coordinates: torch.Tensor) -> torch.Tensor:
+        found = (x.reshape(-1) != 0).to(torch.float32)
+        order = torch.where(found > 0, found.cumsum(0) - 1, -1.0)
+        one_hot = (order.reshape(1, -1) == torch.arange(size, dtype=torch.float32).reshape(-1, 1)).to(torch.float32)
+        picked = torch.matmul(one_hot, coordinates)
+        return torch.where(one_hot.amax(1, keepdim=True) > 0, picked, float(fill_value)).to(torch.int64)
+
+    return run_traced(f"nonzero_static:{size}:{fill_value}", listed, [x, coordinates])

@@ -48,5 +48,6 @@ def test_layers_point_down():
     for primitive in ("registry", "codegen", "generated", "creation", "int_ranges"):
         assert not nx.descendants(graph, primitive) & {"elementwise", "reduction", "views", "patterns", "fusion"}, (
             primitive, sorted(nx.descendants(graph, primitive)))
-    for family in ("elementwise", "reduction", "views", "indexing", "matmul", "norm", "softmax", "loss"):
+    for family in ("elementwise", "reduction", "views", "indexing", "matmul", "norm", "softmax", "loss", "distance",
+                   "math_functions", "pooling"):
         assert not nx.descendants(graph, family) & {"patterns", "fusion", "artifact"}, family
