@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/e2e.py            # a table
     .venv/bin/python benchmarks/e2e.py --json     # the same figures as JSON
+    .venv/bin/python benchmarks/e2e.py --threads 1  # every way on one torch thread (steadier on a loaded machine)
 
 Per mode (forward under no_grad; training step = forward + backward + SGD step) and per way of running it
 (eager; torch.compile with backend="aot_eager"; backend="neuron" with target="reference" and
@@ -15,7 +16,9 @@ target="simulator", persistent compile cache off so every run compiles), each in
   estimate for trn2, not a measurement);
 * backend overhead ratio: (first call - steady call) of the neuron backend over the same for aot_eager. The issue's
   goal: the backend's own work adds at most 1x aot_eager's, so the ratio stays ≤ 2;
-* steady ratio: the steady wall time over aot_eager's. For the simulator the goal is ≤ 3: kernels replay their
+* steady ratio: the steady wall time over aot_eager's. On a shared machine torch's thread pool makes aot_eager's
+  wall time swing by 10x and more (the simulator runs its kernels on one torch thread); `--threads 1` compares like
+  with like. For the simulator the goal is ≤ 3: kernels replay their
   recorded instruction streams after the first call (`NEURON_DYNAMO_NKI_REPLAY=0` measures the full interpreter).
 """
 
@@ -61,7 +64,9 @@ def training_step(run: Callable, model: torch.nn.Module, ids: torch.Tensor) -> N
     optimizer.zero_grad()
 
 
-def measure(mode: str, way: str, ids: torch.Tensor, repeat: int) -> dict:
+def measure(mode: str, way: str, ids: torch.Tensor, repeat: int, threads: int) -> dict:
+    if threads:
+        torch.set_num_threads(threads)
     torch._dynamo.reset()
     model = tiny_llama()
     model.train(mode == "training")
@@ -93,17 +98,18 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--seq", type=int, default=64)
     parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads for every way (0: torch's default)")
     parser.add_argument("--one", nargs=2, metavar=("MODE", "WAY"), help=argparse.SUPPRESS)  # a child process
     args = parser.parse_args()
     ids = torch.randint(0, VOCAB, (args.batch, args.seq), generator=torch.Generator().manual_seed(0))
     if args.one:
-        print(json.dumps(measure(*args.one, ids, args.repeat)))
+        print(json.dumps(measure(*args.one, ids, args.repeat, args.threads)))
         return
     rows = []
     for mode in ("forward", "training"):
         for way in ("eager", "aot_eager", "reference", "simulator"):  # each in a fresh process: no warm caches
             child = [sys.executable, __file__, "--one", mode, way, "--batch", str(args.batch), "--seq",
-                     str(args.seq), "--repeat", str(args.repeat)]
+                     str(args.seq), "--repeat", str(args.repeat), "--threads", str(args.threads)]
             rows.append(json.loads(subprocess.run(child, check=True, capture_output=True, text=True).stdout))
     for mode in ("forward", "training"):
         by_way = {row["way"]: row for row in rows if row["mode"] == mode}
@@ -115,7 +121,7 @@ def main() -> None:
             by_way[way]["steady_ratio_vs_aot_eager"] = by_way[way]["steady_s"] / steady if steady > 0 else None
     if args.json:
         print(json.dumps({"model": "tiny llama (2 layers, hidden 64)", "batch": args.batch, "seq": args.seq,
-                          "rows": rows}, indent=2))
+                          "threads": args.threads or torch.get_num_threads(), "rows": rows}, indent=2))
         return
     header = ("mode", "way", "first output s", "steady s", "est. device us", "overhead ratio", "steady ratio")
     table = [header] + [

@@ -5,7 +5,8 @@ same verdict and the same profile every time. So the first call at a signature (
 compile-time arguments, target, LNC) runs in full, every rule checked and priced, while its `Recording` keeps each
 instruction's arithmetic as a closure over the resolved views (`step`) and each allocation's fill. Later calls copy
 their inputs into the recorded argument arrays and run the closures in the recorded order: no kernel Python, no
-checks, no pricing; the profile is the recorded one.
+checks, no pricing; the profile is the recorded one. A step may keep a leaner closure for replay than the one it ran
+(a DMA copy without its index and cast checks), and fills no instruction observes are not replayed (`fills`).
 
 A replay is only correct if nothing the kernel's Python did depended on tensor *values*. Every write goes through a
 recorded step and every read into Python (`_read` outside a step: dynamic `select`, `ap(scalar_offset=tensor)`,
@@ -27,6 +28,8 @@ from collections import OrderedDict
 
 import numpy as np
 
+from neuron_dynamo.nki.fills import UnseenFills
+
 ENV = "NEURON_DYNAMO_NKI_REPLAY"
 MAX_RECORDED_BYTES = 256 * 2**20  # a call allocating more is not kept: a replay holds all its arrays
 MAX_PROGRAMS_PER_KERNEL = 64
@@ -41,9 +44,10 @@ class ReplayDiverged(Exception):
 
 
 class Recording:
-    """The steps of one kernel call in execution order (all program instances interleaved as they ran)."""
+    """The steps of one kernel call in execution order (all program instances interleaved as they ran), and which
+    of its fresh-memory fills no instruction observes (`fills.UnseenFills`: a replay skips those)."""
 
-    __slots__ = ("steps", "in_step", "reason", "nbytes", "storages")
+    __slots__ = ("steps", "in_step", "reason", "nbytes", "storages", "fills")
 
     def __init__(self) -> None:
         self.steps: list | None = []
@@ -51,16 +55,19 @@ class Recording:
         self.reason: str | None = None
         self.nbytes = 0
         self.storages: list = []  # weak references to every Storage of the call (their caches reset per replay)
+        self.fills = UnseenFills()
 
-    def step(self, fn) -> None:
-        """Run `fn` (an instruction's reads, arithmetic and writes) now, and keep it for replay."""
+    def step(self, fn, replay_fn=None) -> None:
+        """Run `fn` (an instruction's reads, arithmetic and writes) now, and keep it, or the equivalent `replay_fn`
+        (the same data movement without the checks only the full run needs), for replay."""
+        self.fills.step_started()
         self.in_step = True
         try:
             fn()
         finally:
             self.in_step = False
         if self.steps is not None:
-            self.steps.append(fn)
+            self.steps.append(replay_fn or fn)
 
     def allocated(self, storage, fill_value) -> None:
         """A fresh allocation: replay refills it at this point (NaN/4, as the full run saw it)."""
@@ -72,6 +79,7 @@ class Recording:
             self.refuse(f"it allocates more than {MAX_RECORDED_BYTES >> 20} MiB")
             return
         self.storages.append(weakref.ref(storage))
+        self.fills.filled(storage, len(self.steps))
         self.steps.append(lambda: data.fill(fill_value))
 
     def refuse(self, reason: str) -> None:
@@ -80,18 +88,23 @@ class Recording:
             self.reason = reason
         self.steps = None
         self.storages = []
+        self.fills = UnseenFills()
 
 
 class Program:
     """A recorded call: its steps, argument tensors, result, and profile."""
 
     def __init__(self, recording: Recording, arguments: list, written: list[int], result, contexts, profile) -> None:
-        self.steps = tuple(recording.steps)
+        recording.fills.finish(_tensors_in(result))
+        unseen = recording.fills.unseen
+        self.steps = tuple(fn for i, fn in enumerate(recording.steps) if i not in unseen)
+        self.fills_dropped = len(unseen)
         self.arguments = arguments  # runtime._Argument of the recorded call, in conversion order
         self.written = written  # indices of the arguments the kernel wrote
         self.result = result
         self.contexts = contexts
         self.profile = profile
+        self.copiers: dict = {}  # runtime's result copiers, by whether the caller passed torch tensors
         alive = (ref() for ref in recording.storages)
         self.storages = [s for s in alive if s is not None] + [arg.tensor._s for arg in arguments]
         self.lock = threading.Lock()
@@ -108,6 +121,13 @@ class Program:
             ctx.reset_registers()
         for fn in self.steps:
             fn()
+
+
+def _tensors_in(result) -> list:
+    """The tensors a kernel returned (one, or nested in tuples and lists)."""
+    if isinstance(result, (tuple, list)):
+        return [t for part in result for t in _tensors_in(part)]
+    return [] if result is None else [result]
 
 
 class Programs:

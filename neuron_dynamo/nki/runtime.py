@@ -12,7 +12,6 @@ The first call at a signature is recorded while it runs in full; later calls at 
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
 import functools
@@ -35,8 +34,11 @@ log = logging.getLogger("neuron_dynamo.nki")
 _TORCH_VIEW = {"bfloat16": "int16", "float8_e4m3fn": "uint8", "float8_e5m2": "uint8", "float8_e8m0fnu": "uint8"}
 
 
+_TORCH_TYPES = frozenset((torch.Tensor, torch.nn.Parameter))  # plain tensors only: not fake or functional ones
+
+
 def _is_torch(x) -> bool:
-    return type(x).__module__.startswith("torch") and type(x).__name__ in ("Tensor", "Parameter")
+    return type(x) in _TORCH_TYPES
 
 
 def _torch_to_numpy(t) -> tuple[np.ndarray, str]:
@@ -75,40 +77,56 @@ _threads_lock = threading.Lock()
 _threads_state = {"runs": 0, "saved": 1}
 
 
-@contextlib.contextmanager
-def _single_threaded_torch():
+class _SingleThreadedTorch:
     """Hold torch at one intra-op thread while kernels run (restored when the last concurrent run ends).
 
     Tiles are small: one thread per GEMM or cast beats a thread pool, above all on a loaded machine.
     """
-    with _threads_lock:
-        if _threads_state["runs"] == 0:
-            _threads_state["saved"] = torch.get_num_threads()
-            torch.set_num_threads(1)
-        _threads_state["runs"] += 1
-    try:
-        yield
-    finally:
+
+    def __enter__(self) -> None:
+        with _threads_lock:
+            if _threads_state["runs"] == 0:
+                _threads_state["saved"] = torch.get_num_threads()
+                if _threads_state["saved"] != 1:
+                    torch.set_num_threads(1)
+            _threads_state["runs"] += 1
+
+    def __exit__(self, *exc) -> None:
         with _threads_lock:
             _threads_state["runs"] -= 1
-            if _threads_state["runs"] == 0:
+            if _threads_state["runs"] == 0 and _threads_state["saved"] != 1:
                 torch.set_num_threads(_threads_state["saved"])
+
+
+_single_threaded_torch = _SingleThreadedTorch()
 
 
 class _Argument:
     """A tensor argument: the caller's object and the HBM tensor the kernel sees."""
 
-    __slots__ = ("original", "tensor", "name")
+    __slots__ = ("original", "tensor", "name", "alias")
 
     def __init__(self, original, tensor: NkiTensor, name: str) -> None:
         self.original = original
         self.tensor = tensor
         self.name = name
+        self.alias = None  # a torch tensor sharing the array, in the caller's shape (made at the first torch copy)
+
+    def _torch_alias(self, value):
+        """The argument's array as a torch tensor of `value`'s shape, or None when torch has no such dtype."""
+        if self.alias is None:
+            shared = _torch_alias(self.tensor._s.data, self.name)
+            self.alias = False if shared is None else shared.reshape(tuple(value.shape))
+        return self.alias if self.alias is not False else None
 
     def write_back(self, original) -> None:
         data = self.tensor._s.data
         if _is_torch(original):
-            original.copy_(_numpy_to_torch(data, self.name).to(original.dtype))
+            alias = self._torch_alias(original)
+            if alias is not None:
+                original.copy_(alias)
+            else:
+                original.copy_(_numpy_to_torch(data, self.name).to(original.dtype))
         elif self.name == "bool":
             original[...] = data.astype(np.bool_)
         else:
@@ -118,14 +136,22 @@ class _Argument:
         """Copy the value of a later call (same shape and dtype) into this argument's array, for a replay."""
         data = self.tensor._s.data
         if _is_torch(value):
-            if self.name in _TORCH_VIEW:
-                bits = torch.from_numpy(data.view(getattr(np, _TORCH_VIEW[self.name])))
-                torch_data = bits.view(getattr(torch, self.name))
-            else:
-                torch_data = torch.from_numpy(data)
-            torch_data.copy_(value.detach().reshape(torch_data.shape))
+            alias = self._torch_alias(value)
+            if alias is None:
+                raise replay.ReplayDiverged(f"torch cannot share a {self.name} array")
+            alias.copy_(value.detach())
         else:
             data[...] = value.reshape(data.shape)
+
+
+def _torch_alias(array: np.ndarray, name: str):
+    """A torch tensor sharing `array`'s memory with the dtype the caller sees (bool: its uint8 storage), or None."""
+    if name in _TORCH_VIEW:
+        return torch.from_numpy(array.view(getattr(np, _TORCH_VIEW[name]))).view(getattr(torch, name))
+    try:
+        return torch.from_numpy(array)
+    except TypeError:  # an ml_dtypes storage type torch does not know (the trn cFP8 format)
+        return None
 
 
 class Kernel:
@@ -153,11 +179,16 @@ class Kernel:
         return variant
 
     def __call__(self, *args, **kwargs):
-        return self._run(args, kwargs, want_profile=False)
+        return self._run(args, kwargs, want=None)
 
     def profile(self, *args, **kwargs) -> tuple[object, Profile]:
         """Run the kernel and also return its estimated device-time `Profile`."""
-        return self._run(args, kwargs, want_profile=True)
+        return self._run(args, kwargs, want="profile")
+
+    def estimated(self, *args, **kwargs) -> tuple[object, float]:
+        """Run the kernel and also return its estimated device time in ns (`profile(...)[1].estimated_ns`, without
+        copying a replayed call's profile)."""
+        return self._run(args, kwargs, want="ns")
 
     def __repr__(self) -> str:
         return f"<nki.jit kernel {self.fn.__qualname__} lnc={self.lnc}>"
@@ -180,7 +211,7 @@ class Kernel:
             self._param_names = [p.name for p in params]
         return self._param_names
 
-    def _run(self, args, kwargs, want_profile: bool):
+    def _run(self, args, kwargs, want: str | None):
         if active() is not None:
             raise NkiValidationError(
                 "nested-jit",
@@ -193,7 +224,8 @@ class Kernel:
             raise NkiValidationError(
                 "lnc", f"LNC={self.lnc} needs trn2 or newer; the target is {limits.name}", self._site()
             )
-        key = _signature(args, kwargs, limits.name, self.lnc) if replay.enabled() else None
+        values: list = []  # the tensor arguments, as the signature met them
+        key = _signature(args, kwargs, limits.name, self.lnc, values) if replay.enabled() else None
         recording = None
         if key is not None:
             program = self._programs.get(key)
@@ -201,7 +233,7 @@ class Kernel:
                 recording = replay.Recording()
             elif program is not None and program.lock.acquire(blocking=False):
                 try:
-                    return self._replay(program, args, kwargs, want_profile)
+                    return self._replay(program, values, want)
                 except replay.ReplayDiverged as exc:
                     log.debug("kernel %s: replay diverged (%s); it runs in full from now on", self.fn.__name__, exc)
                     self._programs.put(key, None)
@@ -261,11 +293,11 @@ class Kernel:
 
             return run_instance
 
-        with _single_threaded_torch():
+        with _single_threaded_torch:
             launch.run([body(ctx) for ctx in contexts])
         result = results[0]
         kept = recording is not None and recording.reason is None
-        profile = _profile(contexts) if want_profile or kept else None
+        profile = _profile(contexts) if want or kept else None
         arg_storages = {id(arg.tensor._s) for arg in arguments}
         converted = self._convert_outputs(result, use_torch, set(), arg_storages, kept)
         written = [i for i, arg in enumerate(arguments) if arg.tensor._s.written]
@@ -277,23 +309,24 @@ class Kernel:
             else:
                 log.debug("kernel %s is not replayed: %s", self.fn.__name__, recording.reason)
                 self._programs.put(key, None)
-        if not want_profile:
-            return converted
-        return converted, _copy_profile(profile) if kept else profile
+        return _wanted(converted, profile, want, kept)
 
-    def _replay(self, program: replay.Program, args, kwargs, want_profile: bool):
-        """A later call at a recorded signature: load its inputs, rerun the recorded steps, hand out copies."""
-        values = _tensor_values(args, kwargs)
-        for arg, value in zip(program.arguments, values, strict=True):
-            arg.load(value)
-        with _single_threaded_torch(), np.errstate(all="ignore"):
-            program.run()
-        use_torch = any(_is_torch(v) for v in values)
-        arg_storages = {id(arg.tensor._s) for arg in program.arguments}
-        converted = self._convert_outputs(program.result, use_torch, set(), arg_storages, True)
-        for i in program.written:
-            program.arguments[i].write_back(values[i])
-        return (converted, _copy_profile(program.profile)) if want_profile else converted
+    def _replay(self, program: replay.Program, values: list, want: str | None):
+        """A later call at a recorded signature: load its inputs (`values`, the tensor arguments in conversion order),
+        rerun the recorded steps, hand out copies (all on one torch thread: its copies are small too)."""
+        with _single_threaded_torch:
+            for arg, value in zip(program.arguments, values, strict=True):
+                arg.load(value)
+            with np.errstate(all="ignore"):
+                program.run()
+            use_torch = any(_is_torch(v) for v in values)
+            copier = program.copiers.get(use_torch)
+            if copier is None:
+                copier = program.copiers[use_torch] = _copier(program.result, use_torch)
+            converted = copier()
+            for i in program.written:
+                program.arguments[i].write_back(values[i])
+        return _wanted(converted, program.profile, want, True)
 
     def _convert_outputs(self, out, use_torch: bool, handed_out: set[int], arg_storages: set[int], kept: bool):
         """The kernel's results as the caller's arrays. A kernel may return one of its own arguments (an output
@@ -322,8 +355,35 @@ class Kernel:
             data = out._s.data
         else:
             data = np.array(out._read())
-        return _numpy_to_torch(data, out.dtype) if use_torch else (data.astype(np.bool_) if out.dtype == "bool"
-                                                                     else data)
+        return _to_caller(data, out.dtype, use_torch)
+
+
+def _to_caller(data: np.ndarray, dtype: str, use_torch: bool):
+    """A result array (the caller's own) as the caller's array type."""
+    if use_torch:
+        return _numpy_to_torch(data, dtype)
+    return data.astype(np.bool_) if dtype == "bool" else data
+
+
+def _copier(out, use_torch: bool):
+    """A function giving fresh copies of a recorded call's results, in the structure the kernel returned (checked by
+    the recorded call's `_convert_outputs`)."""
+    if out is None:
+        return lambda: None
+    if isinstance(out, (tuple, list)):
+        parts = [_copier(o, use_torch) for o in out]
+        return lambda: type(out)(part() for part in parts)
+    a, dtype = out._a, out.dtype
+    return lambda: _to_caller(np.array(a), dtype, use_torch)  # np.array + from_numpy beats torch's clone on tiles
+
+
+def _wanted(converted, profile: Profile | None, want: str | None, kept: bool):
+    """What the caller asked for: the results, with the profile (a copy of a kept one) or its estimate."""
+    if want is None:
+        return converted
+    if want == "ns":
+        return converted, profile.estimated_ns
+    return converted, _copy_profile(profile) if kept else profile
 
 
 def _profile(contexts) -> Profile:
@@ -341,29 +401,17 @@ def _copy_profile(profile: Profile) -> Profile:
     return mine
 
 
-def _tensor_values(args, kwargs) -> list:
-    """The tensor arguments in the order the interpreter converts them (positional, then keyword; into tuples)."""
-    found: list = []
-
-    def visit(value) -> None:
-        if _is_torch(value) or isinstance(value, np.ndarray):
-            found.append(value)
-        elif isinstance(value, tuple):
-            for v in value:
-                visit(v)
-
-    for value in (*args, *kwargs.values()):
-        visit(value)
-    return found
-
-
-def _signature(args, kwargs, target: str, lnc: int):
-    """What a kernel call's instruction stream can depend on, or None when an argument cannot be keyed."""
+def _signature(args, kwargs, target: str, lnc: int, tensors: list):
+    """What a kernel call's instruction stream can depend on, or None when an argument cannot be keyed. Appends the
+    tensor arguments to `tensors` in the order the interpreter converts them (positional, then keyword; into
+    tuples)."""
 
     def key(value):
         if _is_torch(value):
-            return "torch", value.dtype, tuple(value.shape)
+            tensors.append(value)
+            return "torch", value.dtype, value.shape
         if isinstance(value, np.ndarray):
+            tensors.append(value)
             return "numpy", value.dtype.str, value.dtype.name, value.shape
         if isinstance(value, tuple):
             return tuple, tuple(key(v) for v in value)

@@ -186,7 +186,12 @@ class NkiTensor:
 
         `mask` (same element count) limits the write to the selected elements (DMA skips out-of-bounds rows).
         """
-        _outside_step("writes memory outside a recorded instruction")
+        recording = _recording()
+        if recording is not None:
+            if recording.in_step:
+                recording.fills.wrote(self, mask is None and self._idx is None)
+            else:
+                recording.refuse("it writes memory outside a recorded instruction")
         values = dtypes.to_dtype(values, self._dt)
         self._s.written = True
         self._s.f32_cache = None
@@ -530,11 +535,15 @@ class Indirect:
 
 def _outside_step(what: str) -> None:
     """A data access outside an instruction's recorded step makes the call being recorded unreplayable."""
+    recording = _recording()
+    if recording is not None and not recording.in_step:
+        recording.refuse(f"it {what}")
+
+
+def _recording():
+    """The recording of the running kernel call, if it is being recorded."""
     ctx = active()
-    if ctx is not None:
-        recording = ctx.launch.recording
-        if recording is not None and not recording.in_step:
-            recording.refuse(f"it {what}")
+    return None if ctx is None else ctx.launch.recording
 
 
 def _no_operator(name):

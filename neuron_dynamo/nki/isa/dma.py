@@ -44,7 +44,7 @@ def dma_copy(dst, src, priority=None, oob_mode=oob_mode.error, dge_mode=dge_mode
             values = dtypes.as_f32(values)
         dst._write(values.reshape(-1) if values.shape != dst.shape else values, mask)
 
-    _step(ctx, run)
+    _step(ctx, run, None if cast else _plain_copy(src, dst))
     sb = dst if dst._s.buffer == "sbuf" else (src if src._s.buffer == "sbuf" else None)
     parts = sb.shape[0] if sb is not None else 1
     nbytes = n_dst * dtypes.itemsize(dst._dt)
@@ -55,6 +55,23 @@ def dma_copy(dst, src, priority=None, oob_mode=oob_mode.error, dge_mode=dge_mode
     offsets = tuple(t._idx.offsets for t in (src, dst) if t._idx is not None)  # the index tiles are read too
     _touch(ctx, (src, dst, *offsets))
     _record(ctx, op, "dma", parts, n_dst // max(parts, 1), (src,), dst, dma_bytes=nbytes, **extra)
+
+
+def _plain_copy(src: NkiTensor, dst: NkiTensor):
+    """A copy between direct views of one dtype as a replay runs it: `dma_copy`'s step without the index, cast and
+    broadcast checks the recorded run made (None where those matter: indirect views, tf32's rounding)."""
+    if src._idx is not None or dst._idx is not None or dst._dt == "tfloat32":
+        return None
+    s, d, storage = src._a, dst._a, dst._s
+    if s.shape == d.shape:
+        def copy():
+            storage.f32_cache = None
+            d[...] = s
+    else:
+        def copy():
+            storage.f32_cache = None
+            d[...] = s.reshape(-1).reshape(d.shape)
+    return copy
 
 
 def _in_bounds(op: str, mode, src: NkiTensor, dst: NkiTensor) -> np.ndarray | None:

@@ -132,6 +132,9 @@ def _overlap(x: tuple, y: tuple) -> bool:
 def _touch(ctx, ts, matmul: bool = False) -> None:
     """Mark liveness of on-chip tensors; a non-matmul access to a PSUM region closes the accumulation groups
     open on it (the eviction of their result)."""
+    recording = ctx.launch.recording
+    if recording is not None and recording.steps is not None:
+        recording.fills.operands(ts)
     c = ctx.counter
     for t in ts:
         s = t._s
@@ -207,13 +210,21 @@ def _access(t: NkiTensor) -> tuple[int, tuple[int, int, int, int]]:
 _EVERYWHERE = 2**62
 
 
-def _step(ctx, fn) -> None:
-    """Run an instruction's data part now; while the call is recorded, also keep it for replay."""
+def _step(ctx, fn, replay_fn=None) -> None:
+    """Run an instruction's data part now; while the call is recorded, also keep it (or `replay_fn`, which must
+    compute exactly what `fn` does) for replay."""
     recording = ctx.launch.recording
     if recording is None:
         fn()
     else:
-        recording.step(fn)
+        recording.step(fn, replay_fn)
+
+
+def _reads_dst(ctx, dst: NkiTensor) -> None:
+    """The instruction reads its dst too (it accumulates into it): a replay must keep dst's fresh-memory fill."""
+    recording = ctx.launch.recording
+    if recording is not None and recording.steps is not None:
+        recording.fills.read(dst._s)
 
 
 def _dynamic(ctx, why: str) -> None:

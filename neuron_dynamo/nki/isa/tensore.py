@@ -16,6 +16,7 @@ from neuron_dynamo.nki.isa.operands import (
     _fail,
     _onchip,
     _pf,
+    _reads_dst,
     _record,
     _rows,
     _step,
@@ -118,6 +119,8 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
             dst._write(_rows(stationary, k, m).T)
     else:
         add = _accumulates(dst, psum_accumulate_flag, accumulate)
+        if add:
+            _reads_dst(ctx, dst)
 
         def run():
             s, mv = operands()
