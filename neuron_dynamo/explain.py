@@ -2,9 +2,10 @@
 
 The report lists, per static program (forward, backward or inference graph at one set of shapes): how many aten
 ops there were and how many were lowered, the matmul/convolution/attention FLOPs and how many of them were lowered,
-the number of regions, each fallback op with its reason and count, and the compile time. For graphs served from
-buckets it adds the programs, calls and padding waste per graph, and per symbolic size: where it is read, the values
-it took, how it is bucketed (exact while it has one value under dynamic=True) and the padding along it.
+the number of regions, each fallback op with its reason and count (collectives apart: torch.distributed runs them),
+and the compile time. For graphs served from buckets it adds the programs, calls and padding waste per graph, and
+per symbolic size: where it is read, the values it took, how it is bucketed (exact while it has one value under
+dynamic=True) and the padding along it.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 from neuron_dynamo import counters
 from neuron_dynamo.backend import neuron_backend
 from neuron_dynamo.compiler import GraphReport
+from neuron_dynamo.passes.partition import COLLECTIVE, HOST_CHECK
 
 
 def _si(value: float) -> str:
@@ -45,7 +47,10 @@ class ExplainReport:
         keys = ("ops_total", "ops_lowered", "flops_total", "flops_lowered", "regions", "compile_seconds")
         totals = {key: sum(getattr(graph, key) for graph in self.graphs) for key in keys}
         totals["graphs"] = len(self.graphs)
-        totals["fallback_ops"] = sum(entry["count"] for graph in self.graphs for entry in graph.fallback_ops)
+        entries = [entry for graph in self.graphs for entry in graph.fallback_ops]
+        totals["fallback_ops"] = sum(entry["count"] for entry in entries if not _by_design(entry))
+        totals["collectives"] = sum(entry["count"] for entry in entries if _by_design(entry, COLLECTIVE))
+        totals["host_checks"] = sum(entry["count"] for entry in entries if _by_design(entry, HOST_CHECK))
         totals["cache"] = _cache_totals(self.graphs)
         estimates = [graph.estimated_device_ns for graph in self.graphs if graph.estimated_device_ns is not None]
         totals["estimated_device_ns"] = sum(estimates) if estimates else None
@@ -76,15 +81,38 @@ class ExplainReport:
             (f"{graph.name}.{graph.kind}", entry["op"], str(entry["count"]), entry["reason"])
             for graph in self.graphs
             for entry in graph.fallback_ops
+            if not _by_design(entry)
         ]
         if fallbacks:
             lines += ["", "ops run eagerly (fallback):"]
             lines += _table(("graph", "op", "count", "reason"), fallbacks)
         else:
-            lines += ["", "no fallback ops: every op ran on the target"]
+            entries = [entry for graph in self.graphs for entry in graph.fallback_ops]
+            apart = [name for name, kind in (("collectives", COLLECTIVE), ("host checks", HOST_CHECK))
+                     if any(_by_design(entry, kind) for entry in entries)]
+            but = f" but the {' and '.join(apart)}" if apart else ""
+            lines += ["", f"no fallback ops: every op{but} ran on the target"]
+        lines += _by_design_lines(self.graphs, COLLECTIVE,
+                                  "collectives (run by torch.distributed between the regions):")
+        lines += _by_design_lines(self.graphs, HOST_CHECK, "host checks (raise eager's errors between the regions):")
         lines += _bucketing_lines(self.graphs)
         lines += _cache_lines(self.graphs)
         return "\n".join(lines)
+
+
+def _by_design(entry: dict[str, Any], *kinds: str) -> bool:
+    """Whether a fallback entry runs outside the target by design (a collective, a host check), not for lack of
+    a kernel; with `kinds`, of those kinds only."""
+    return entry["reason"].startswith(kinds or (COLLECTIVE, HOST_CHECK))
+
+
+def _by_design_lines(graphs: list[GraphReport], kind: str, title: str) -> list[str]:
+    """The entries of one by-design kind, apart from the fallback ops: nothing is missing there."""
+    rows = [(f"{graph.name}.{graph.kind}", entry["op"], str(entry["count"]))
+            for graph in graphs for entry in graph.fallback_ops if _by_design(entry, kind)]
+    if not rows:
+        return []
+    return ["", title, *_table(("graph", "op", "count"), rows)]
 
 
 def _device_us(graph: GraphReport) -> str:

@@ -17,6 +17,8 @@ from neuron_dynamo.lowering import (  # noqa: F401
     distance,
     elementwise,
     indexing,
+    linalg_factor,
+    linalg_solve,
     loss,
     math_functions,
     matmul,

@@ -1,6 +1,7 @@
 """Split a static aten graph into regions the target runs and nodes that run eagerly, each with a reason.
 
-Support is decided per node, in this order: forced eager by the user (`eager_ops`), a lowering registered for the
+Support is decided per node, in this order: a collective is never lowered (torch.distributed runs it: reason
+"collective", not a failure), then forced eager by the user (`eager_ops`), a lowering registered for the
 op (the registry), a kernel for the active target, and finally the target's own check (`target.supports`: dtypes
 and whatever else that target refuses). Regions are the maximal groups of supported nodes that create no cycle,
 found by torch's `CapabilityBasedPartitioner` (the same engine as Torch-TensorRT's global partitioner); regions
@@ -20,6 +21,7 @@ from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
 from neuron_dynamo.lowering import kernel_for, lowering_for, op_name
+from neuron_dynamo.passes.collectives import is_collective
 
 REGION_PREFIX = "region_"
 
@@ -29,6 +31,8 @@ UNSUPPORTED_OP = "unsupported op"
 UNSUPPORTED_DTYPE = "unsupported dtype"
 REGION_TOO_SMALL = "region too small"
 LOWERING_FAILED = "lowering failed"
+COLLECTIVE = "collective"  # not a failure: torch.distributed runs it between the regions (passes/collectives.py)
+HOST_CHECK = "host check"  # not a failure: a check of LAPACK's `info` that raises eager's error, no device work
 
 
 class Target(Protocol):
@@ -71,8 +75,19 @@ def matches_op_name(op: Any, names: Iterable[str]) -> bool:
     return bool(candidates & wanted)
 
 
+def _is_error_check(node: fx.Node) -> bool:
+    """AOTAutograd's `with_effects(aten._linalg_check_errors, info)`: the ordered raise of `linalg.inv`, `solve`,
+    `cholesky`... on a failed factorization (torch/_higher_order_ops/effects.py)."""
+    return (node.target is torch.ops.higher_order.with_effects and len(node.args) > 1
+            and node.args[1] is torch.ops.aten._linalg_check_errors.default)
+
+
 def fallback_reason(node: fx.Node, target: Target, eager_ops: Iterable[str] = ()) -> str | None:
     """None if `target` can run this compute node, else the reason it runs eagerly."""
+    if is_collective(node.target):
+        return f"{COLLECTIVE} (run by torch.distributed)"
+    if _is_error_check(node):
+        return f"{HOST_CHECK} (raises the error eager raises from the factorization's info)"
     if matches_op_name(node.target, eager_ops):
         return f"{FORCED_EAGER} (eager_ops)"
     if lowering_for(node.target) is None:

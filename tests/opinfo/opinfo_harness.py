@@ -22,8 +22,10 @@ import torch.utils._pytree as pytree
 
 from neuron_dynamo import counters
 from neuron_dynamo.bucket_dispatch import forget_generalized_graphs
+from neuron_dynamo.passes.partition import COLLECTIVE, HOST_CHECK
 
 INTERNAL_FAILURES = ("graphs_failed", "regions_failed", "dynamo_graphs_eager")
+BY_DESIGN = (COLLECTIVE, HOST_CHECK)  # outside the target by design, not for lack of a kernel
 
 # Ops whose eager result is itself undefined, so no compiled value can be compared with it: only shapes and dtypes
 # are. Each entry says why.
@@ -238,8 +240,14 @@ def run_op(opinfo: Any, dtype: torch.dtype = torch.float32, *, backward: bool = 
             return outcome
         after = counters.stats()
         outcome.internal_failures += sum(after.get(k, 0) - before.get(k, 0) for k in INTERNAL_FAILURES)
+        if after.get("eager_recomputes", 0) > before.get("eager_recomputes", 0):  # a kernel handed its call to torch
+            outcome.fallbacks.setdefault("(run time)", "recomputed by torch: LAPACK decides this sample by a flag "
+                                                       "or by rounding (eager_recomputes)")
+            fell_back = True
         for report in reports:
             for entry in report.fallback_ops:
+                if entry["reason"].startswith(BY_DESIGN):
+                    continue
                 outcome.fallbacks.setdefault(entry["op"], entry["reason"])
                 fell_back = True
             if report.ops_lowered:

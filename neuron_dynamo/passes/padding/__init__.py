@@ -67,6 +67,9 @@ Rules, over a padded dim (`mask` = the analysis inserts `masked_fill(pad region,
 | creation (full, zeros, arange) | pad kind from the fill value; `arange` start must not depend on a bucketed size |
 | a size used as data (`x / s0`) | a pointwise op gets the real size (int or float expression: `1 / s0`, `s0 ** 0.5`) |
 |   | as a 0-d tensor; `full`/`scalar_tensor`/`fill` fill 0 and add the real size; anywhere else: refuse |
+| c10d_functional | collectives, over sizes of one symbol only (every rank pads alike; `collective_rules.py`): |
+|   | `all_reduce`, `broadcast`, `wait_tensor` element-wise across ranks; `all_gather_into_tensor` along a |
+|   | padded dim 0 gives a merged `[ranks, s]`, which only `reduce_scatter_tensor` may cut (in rank chunks) |
 | anything else touching padding | refuse, naming the op |
 
 Masks compare `arange(bucket size)` against the real size, which the transformed graph receives as extra 0-d int64
@@ -74,7 +77,12 @@ inputs (one per bucketed symbol, appended after the original inputs) so that one
 length of its bucket.
 """
 
-from neuron_dynamo.passes.padding import compute_rules, indexing_rules, shape_rules  # noqa: F401 - register the rules
+from neuron_dynamo.passes.padding import (  # noqa: F401 - register the rules
+    collective_rules,
+    compute_rules,
+    indexing_rules,
+    shape_rules,
+)
 from neuron_dynamo.passes.padding.analysis import Analysis, merged_factors, prove_padding
 from neuron_dynamo.passes.padding.state import DimPad, Pad, PaddingProof, PaddingRefused, TensorPad, graph_outputs
 
