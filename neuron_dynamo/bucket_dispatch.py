@@ -24,6 +24,7 @@ elements that lie in the padded region of that symbol's dims (an element padded 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import logging
 import time
@@ -38,6 +39,7 @@ from neuron_dynamo.passes.bucketing import BucketConfig, BucketingError, BucketP
 from neuron_dynamo.passes.canonical import canonical_graph_text
 from neuron_dynamo.passes.padding import PaddingProof, graph_outputs, prove_padding
 from neuron_dynamo.passes.specialize import SpecializationError, StaticGraph, evaluate, generalize, specialize
+from neuron_dynamo.program_cache import forget_stored_programs, has_stored_program
 
 log = logging.getLogger("neuron_dynamo.bucket_dispatch")
 
@@ -175,8 +177,10 @@ _GENERALIZED: dict[str, BucketedGraph | None] = {}
 
 
 def forget_generalized_graphs() -> None:
-    """Drop the bucketed graphs shared by static graphs (their programs go with them); for tests and long runs."""
+    """Drop the bucketed graphs shared by static graphs (their programs go with them), and the record of programs
+    static graphs stored for their dynamic successors; for tests and long runs."""
     _GENERALIZED.clear()
+    forget_stored_programs()
 
 
 def generalized_bucketed_graph(gm: fx.GraphModule, config: BucketConfig, compile_static: CompileStatic, name: str,
@@ -299,6 +303,8 @@ class BucketedGraph:
         beyond = any(p.limit is not None and real[s] > p.limit for s, p in self.plan.policies.items())
         settled = all(self.plan.settled(s, real[s], self._varying) for s in self.plan.symbols)  # nothing to pad
         padded = self.proof.safe and not beyond and not settled and tuple(bucket.items()) not in self._failed
+        if padded and self._exact_at_hand(real, bucket):
+            padded = False
         if padded:
             try:
                 program, key = self._program(bucket, padded=True)
@@ -341,6 +347,24 @@ class BucketedGraph:
                 log.info("%s: %s varies (%d, then %d): %s from now on", self.name, symbol, first, real[symbol],
                          stats.policy)
 
+    def _exact_at_hand(self, real: Mapping[sympy.Symbol, int], bucket: Mapping[sympy.Symbol, int]) -> bool:
+        """Whether these exact sizes have a program already, where the bucket has none yet: this graph's own, or the
+        one a static graph stored in the compile cache (Dynamo replaces the static graph of sizes A by a dynamic
+        one when B comes; at A again, that program serves without compiling the bucket's)."""
+        if self._key(bucket, padded=True) in self._programs:
+            return False
+        if self._key(real, padded=False) in self._programs:
+            return True
+        try:
+            static = specialize(self.gm, real)
+        except SpecializationError:
+            return False
+        return has_stored_program(static.gm, static.example_inputs)
+
+    def _key(self, sizes: Mapping[sympy.Symbol, int], padded: bool) -> tuple:
+        return ("bucket" if padded else "exact", *(sizes[s] for s in self.plan.symbols),
+                *(("padding", *_names(self.proof.symbols)) if padded else ()))
+
     def _count_call(self, key: str) -> None:
         self.stats.calls[key] = self.stats.calls.get(key, 0) + 1
         counters.bump("calls")
@@ -348,8 +372,7 @@ class BucketedGraph:
         counters.bump(f"bucketing.{self.name}.calls.{key}")
 
     def _program(self, sizes: Mapping[sympy.Symbol, int], padded: bool) -> tuple[_Program, str]:
-        key = ("bucket" if padded else "exact", *(sizes[s] for s in self.plan.symbols),
-               *(("padding", *map(str, self.proof.symbols)) if padded else ()))
+        key = self._key(sizes, padded)
         shown = f"{key[0]}[{_show(sizes)}]"
         if key not in self._programs:
             start = time.perf_counter()
@@ -440,7 +463,18 @@ def _site(symbol: sympy.Symbol, site, values: Sequence) -> str:
 
 
 def _show(sizes: Mapping[sympy.Symbol, int]) -> str:
-    return ", ".join(f"{symbol}={value}" for symbol, value in sorted(sizes.items(), key=lambda kv: str(kv[0])))
+    return _shown(tuple(sizes.items()))
+
+
+@functools.lru_cache(maxsize=4096)
+def _shown(sizes: tuple[tuple[sympy.Symbol, int], ...]) -> str:
+    """Memoised: every call names its program, and printing sympy symbols is slow."""
+    return ", ".join(f"{symbol}={value}" for symbol, value in sorted(sizes, key=lambda kv: str(kv[0])))
+
+
+@functools.cache
+def _names(symbols: tuple[sympy.Symbol, ...]) -> tuple[str, ...]:
+    return tuple(map(str, symbols))
 
 
 def _numel(shape: Sequence[int]) -> int:

@@ -4,7 +4,10 @@ DESIGN §4 and reference/peers.md §9.2 list what goes in. A missing fact serves
 costs a recompile, so when in doubt a fact goes in:
 
 * the canonical graph text (constant arguments included, placeholder names normalised) of the *post-bucketing*,
-  static graph, and the shapes, strides and dtypes of its inputs;
+  static graph, and the shapes, strides and dtypes of its inputs. Two nodes that change no result are left out of
+  the text (`semantic_graph`): unused `getitem`s of multi-output ops and slices that take a whole dim. Dynamo's
+  dynamic graph specialised at a size has them where its static graph at that size does not, and the two must
+  share one program (sizes A, B, then A again compile nothing);
 * every option, except the few that provably do not change the artifact (`KEY_EXEMPT_OPTIONS`: where the cache
   lives, and the bucketing policy, whose effect is already in the static graph and its input shapes). An option
   added later enters the key by default;
@@ -23,6 +26,7 @@ import functools
 import hashlib
 import importlib.metadata
 import importlib.util
+import operator
 import os
 import sys
 from collections.abc import Sequence
@@ -95,13 +99,47 @@ def versions() -> dict[str, str]:
     return {"neuron_dynamo": package, "torch": torch.__version__, "python": python}
 
 
+def semantic_graph(gm: fx.GraphModule) -> fx.GraphModule:
+    """A copy of `gm` without unused `getitem`s and whole-dim slices (`x[:, 0:]`): nodes no result depends on.
+
+    A slice that the graph returns stays (it decides whether an output is a view). Node order, `get_attr` nodes and
+    every other node are untouched, so a stored program still binds its constants by position.
+    """
+    graph = fx.Graph()
+    graph.output(graph.graph_copy(gm.graph, val_map={}))
+    for node in list(graph.nodes):
+        if _whole_dim_slice(node):
+            node.replace_all_uses_with(node.args[0])
+            graph.erase_node(node)
+    for node in reversed(list(graph.nodes)):
+        if node.op == "call_function" and node.target is operator.getitem and not node.users:
+            graph.erase_node(node)
+    return fx.GraphModule(gm, graph)
+
+
+def _whole_dim_slice(node: fx.Node) -> bool:
+    if node.op != "call_function" or node.target is not torch.ops.aten.slice.Tensor:
+        return False
+    if any(user.op == "output" for user in node.users) or not isinstance(node.args[0], fx.Node):
+        return False
+    source, result = node.args[0].meta.get("val"), node.meta.get("val")
+    start = node.args[2] if len(node.args) > 2 else node.kwargs.get("start")
+    step = node.args[4] if len(node.args) > 4 else node.kwargs.get("step", 1)
+    return (isinstance(source, torch.Tensor) and isinstance(result, torch.Tensor) and start in (None, 0)
+            and step == 1 and source.shape == result.shape and source.stride() == result.stride())
+
+
+def structure_parts(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> dict[str, Any]:
+    """What is compiled, without how: the graph (`semantic_graph`) and its input layout."""
+    graph_text = canonical_graph_text(semantic_graph(gm))
+    return {"graph": hashlib.sha256(graph_text.encode()).hexdigest(), "inputs": input_signature(list(example_inputs))}
+
+
 def key_parts(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Options, target: Any) -> dict[str, Any]:
     """Everything that changes the artifact of compiling `gm` at the shapes of `example_inputs`."""
-    graph_text = canonical_graph_text(gm)
     return {
         "format": PROGRAM_FORMAT,
-        "graph": hashlib.sha256(graph_text.encode()).hexdigest(),
-        "inputs": input_signature(list(example_inputs)),
+        **structure_parts(gm, example_inputs),
         "options": codegen_options(options),
         "target": target_facts(target),
         "environment": {name: os.environ.get(name, "") for name in KEY_ENVIRONMENT},

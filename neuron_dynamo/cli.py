@@ -5,14 +5,13 @@
 
 `warm` compiles by *running* the model under the same backend, options and cache directory as the real run, so the
 keys it stores are the keys the run looks up (the failure optimum-neuron #157/#271 describe is a warm-up tool with
-its own key function). Each (batch size, sequence length) is one task; tasks are spread over `--workers` processes,
-and the per-key lock makes processes that need one program compile it once.
+its own key function). What to compile is `precompile.plan`; the runs are spread over `--workers` processes, and
+the per-key lock makes processes that need one program compile it once.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import multiprocessing
 import os
@@ -21,19 +20,27 @@ import re
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from neuron_dynamo.cache import CompileCache, default_cache_dir
 from neuron_dynamo.errors import NeuronDynamoError
+from neuron_dynamo.precompile import (
+    DYNAMIC,
+    TOKEN_INPUTS,
+    Loaded,
+    PrecompileError,
+    Run,
+    Task,
+    directory_kind,
+    load_model,
+    plan,
+    record,
+    run_plan,
+    share,
+)
 
 DTYPES = ("float32", "bfloat16", "float16")
-DYNAMIC = {"auto": None, "true": True, "false": False}
-
-
-class PrecompileError(NeuronDynamoError):
-    """A command-line argument the tool cannot use."""
 
 
 # --------------------------------------------------------------------------------------------------- parsing
@@ -65,6 +72,26 @@ def parse_ints(text: str) -> list[int]:
     return values
 
 
+def parse_sizes(text: str) -> list[tuple[int, int]]:
+    """`64x64,128x96` → [(64, 64), (128, 96)]."""
+    try:
+        sizes = [tuple(int(side) for side in part.lower().split("x")) for part in text.split(",") if part.strip()]
+    except ValueError:
+        sizes = []
+    if not sizes or any(len(size) != 2 or min(size) < 1 for size in sizes):
+        raise argparse.ArgumentTypeError(f"{text!r}: give sizes as HEIGHTxWIDTH, comma-separated, e.g. 64x64,128x96")
+    return sizes
+
+
+def parse_inputs(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in TOKEN_INPUTS]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(f"{text!r}: give input names from {','.join(TOKEN_INPUTS)}, e.g. "
+                                         "input_ids,attention_mask")
+    return names
+
+
 def parse_option(text: str) -> tuple[str, str]:
     name, sep, value = text.partition("=")
     if not sep or not name:
@@ -86,33 +113,47 @@ def build_parser() -> argparse.ArgumentParser:
 
     warm = commands.add_parser(
         "warm", help="compile every graph x shape of a model into the cache",
-        description="Compile every graph of MODEL for every batch size x sequence length, by running it under "
-        "torch.compile(backend='neuron_dynamo') with the same options as the real run (forward under "
+        description="Compile every graph of MODEL for every batch size x sequence length (or HxW size), by running "
+        "it under torch.compile(backend='neuron_dynamo') with the same options as the real run (forward under "
         "torch.no_grad(); with --train also forward+backward of a training step). Keys match the real run "
-        "only if it uses the same options, dtype, dynamic setting and calling convention. Shapes are spread over "
-        "--workers processes; a progress line shows done / remaining / locked (keys other processes are "
-        "compiling) / failed. Exit status 1 if any shape failed (the others are still stored).",
+        "only if it uses the same options, dtype, dynamic setting and calling convention. The compiles are spread "
+        "over --workers processes; a progress line on stderr shows shapes done / remaining / locked (keys other "
+        "processes are compiling) / failed, and programs compiled / already cached. Exit status 1 if any shape "
+        "failed (the others are still stored).",
     )
     warm.add_argument("model", help="`package.module:factory` (factory() returns (model, make_inputs), "
-                      "make_inputs(batch_size, seq_len) returns the positional args or a dict of keyword args), "
-                      "or a local Hugging Face model directory (config.json, weights optional)")
-    warm.add_argument("--seq-lens", type=parse_ints, default=[128], help="sequence lengths, e.g. 128,512 "
-                      "(default 128)")
-    warm.add_argument("--batch-sizes", type=parse_ints, default=[1], help="batch sizes, e.g. 1,4 (default 1)")
+                      "make_inputs(batch_size, seq_len) returns the positional args or a dict of keyword args; "
+                      "with --sizes, make_inputs(batch_size, height, width)), or a local Hugging Face model directory "
+                      "as save_pretrained() writes it (config.json, weights optional): a Transformers model, or a "
+                      "Diffusers FluxTransformer2DModel, SD3Transformer2DModel or UNet2DConditionModel")
+    warm.add_argument("--seq-lens", type=parse_ints, help="sequence lengths, e.g. 128,512 (default 128)")
+    warm.add_argument("--sizes", type=parse_sizes, help="for image models: latent sizes HxW as the model sees them "
+                      "(Flux: packed tokens, i.e. the latent halved), e.g. 64x64,128x96 (default: the config's "
+                      "sample_size, else 64x64)")
+    warm.add_argument("--batch-sizes", type=parse_ints, default=[1], help="batch sizes as the model sees them "
+                      "(with classifier-free guidance, twice the prompts), e.g. 1,4 (default 1)")
     warm.add_argument("--dtype", choices=DTYPES, default="float32", help="model dtype (default float32)")
     warm.add_argument("--train", action="store_true", help="also compile training steps (forward + backward)")
     warm.add_argument("--dynamic", choices=tuple(DYNAMIC), default="auto",
-                      help="torch.compile's dynamic= of the real run. auto (Dynamo's default): each shape is "
-                      "compiled as a process's first call (a static graph), then all shapes go through one compile "
-                      "whose first two calls change every dimension given 2+ values (the dynamic graph and its "
-                      "buckets); true: one dynamic compile over all shapes; false: each shape static")
+                      help="torch.compile's dynamic= of the real run. auto (Dynamo's default): each shape as a "
+                      "process's first call (a static graph), and, for every set of dimensions that can change "
+                      "between two calls, the dynamic graph that change makes and its buckets, so that the run may "
+                      "call the shapes in any order; true: a dynamic compile starting from each shape; false: each "
+                      "shape static")
+    warm.add_argument("--inputs", type=parse_inputs, default=["input_ids"], metavar="NAMES",
+                      help=f"for a Transformers directory: the keyword inputs the run passes, from "
+                      f"{','.join(TOKEN_INPUTS)} (default input_ids; a tokenizer's output is "
+                      "input_ids,attention_mask); with --train a causal LM also gets labels")
+    warm.add_argument("--text-len", type=int, help="for a Diffusers model: the prompt embedding length its pipeline "
+                      "passes (default: Flux 512, SD3 333, UNet 77)")
     warm.add_argument("--option", "-o", action="append", type=parse_option, default=[], metavar="NAME=VALUE",
                       help="a backend option, as in torch.compile(options={...}); repeatable, e.g. -o target=simulator")
     warm.add_argument("--random-weights", action="store_true",
                       help="for a Hugging Face directory: build the model from its config with random weights "
                       "(the default when the directory holds no weights)")
     warm.add_argument("--workers", type=int, default=1, help="processes compiling in parallel (default 1)")
-    warm.add_argument("--summary", type=Path, help="write a JSON summary of the run to this file")
+    warm.add_argument("--summary", type=Path, help="write a JSON summary of the run to this file: the settings, "
+                      "per shape its status, programs compiled and already cached, seconds and error, and the totals")
 
     ls = commands.add_parser("ls", help="list the entries: size, age, last use, target, model, shapes",
                              description="List the cache entries, least recently used first.")
@@ -134,208 +175,35 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# ------------------------------------------------------------------------------------------------ the model
-@dataclass
-class Task:
-    batch_size: int
-    seq_len: int
-    status: str = "pending"  # pending, done, failed
-    seconds: float = 0.0
-    error: str = ""
-
-
-def load_model(spec: str, random_weights: bool = False) -> tuple[Any, Callable[[int, int], Any], str]:
-    """(model, make_inputs(batch, seq), a label for the cache entries) from a factory or a Hugging Face dir."""
-    path = Path(spec).expanduser()
-    if path.is_dir():
-        return _load_hf(path, random_weights)
-    module_name, sep, factory_name = spec.partition(":")
-    if not sep or not factory_name:
-        raise PrecompileError(f"model {spec!r} is neither a directory nor `package.module:factory`")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # like `python -m`: a factory next to the user's script
-    try:
-        factory = getattr(importlib.import_module(module_name), factory_name)
-    except (ImportError, AttributeError) as exc:
-        raise PrecompileError(f"cannot load the model factory {spec!r}: {_one_line(exc)}") from exc
-    except Exception as exc:  # the module itself raised while importing
-        raise PrecompileError(f"importing {module_name!r} for the model factory {spec!r} raised "
-                              f"{_one_line(exc)}; fix the module so that it imports") from exc
-    if not callable(factory):
-        raise PrecompileError(f"{spec!r} is not a function (it is of type {type(factory).__name__}): "
-                              f"{FACTORY_CONTRACT}")
-    try:
-        made = factory()
-    except Exception as exc:
-        raise PrecompileError(f"the model factory {spec!r} raised {_one_line(exc)}; fix the factory (it is "
-                              "called with no arguments and must return (model, make_inputs))") from exc
-    problem = _factory_result_problem(made)
-    if problem:
-        raise PrecompileError(f"the model factory {spec!r} returned {problem}: {FACTORY_CONTRACT}")
-    model, make_inputs = made
-    return model, make_inputs, spec
-
-
-FACTORY_CONTRACT = ("a factory must return (model, make_inputs): the model (a torch.nn.Module) and a function "
-                    "make_inputs(batch_size, seq_len) giving its positional args or a dict of keyword args")
-
-
-def _one_line(exc: BaseException) -> str:
-    """`Type: the first line of the message` (an error report stays on one line)."""
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0][:300].rstrip('.')}" if text else type(exc).__name__
-
-
-def _factory_result_problem(made: Any) -> str:
-    """Why `made` is not (model, make_inputs), or ''."""
-    if not isinstance(made, (tuple, list)) or len(made) != 2:
-        what = f"a {len(made)}-tuple" if isinstance(made, (tuple, list)) else f"a {type(made).__name__}"
-        return f"{what} instead of a pair"
-    model, make_inputs = made
-    if not callable(model):
-        return f"a {type(model).__name__} as the model, which cannot be called"
-    if not callable(make_inputs):
-        return f"a {type(make_inputs).__name__} as make_inputs, which is not a function"
-    return ""
-
-
-def _load_hf(path: Path, random_weights: bool) -> tuple[Any, Callable[[int, int], Any], str]:
-    import torch
-
-    if not (path / "config.json").is_file():
-        raise PrecompileError(f"{path} holds no config.json, so it is no Hugging Face model directory; give the "
-                              "directory of a saved model (config.json, weights optional) or `package.module:factory`")
-    try:
-        from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
-    except ImportError as exc:
-        raise PrecompileError(f"warming a Hugging Face directory needs transformers: {_one_line(exc)}; "
-                              "`pip install transformers`, or give a `package.module:factory`") from exc
-    try:
-        config = AutoConfig.from_pretrained(path)
-    except Exception as exc:  # malformed JSON, no or an unknown model_type, a transformers too old for it
-        raise PrecompileError(f"cannot read the model config {path / 'config.json'}: {_one_line(exc)}. It must be "
-                              "valid JSON with a `model_type` this transformers knows (see AutoConfig), as written "
-                              "by save_pretrained()") from exc
-    has_weights = any(path.glob("*.safetensors")) or any(path.glob("*.bin"))
-    auto = AutoModelForCausalLM if type(config) in AutoModelForCausalLM._model_mapping else AutoModel
-    try:
-        model = auto.from_config(config) if random_weights or not has_weights else auto.from_pretrained(path)
-    except Exception as exc:
-        how = "from its config" if random_weights or not has_weights else "from its weights"
-        raise PrecompileError(f"cannot build the model of {path} {how}: {_one_line(exc)}"
-                              + ("" if random_weights or not has_weights else
-                                 "; pass --random-weights to build it from config.json alone")) from exc
-    causal = auto is AutoModelForCausalLM
-
-    def make_inputs(batch_size: int, seq_len: int) -> dict[str, Any]:
-        ids = torch.randint(0, config.vocab_size, (batch_size, seq_len))
-        return {"input_ids": ids, **({"labels": ids} if causal and model.training else {})}
-
-    return model, make_inputs, getattr(config, "_name_or_path", "") or path.name
-
-
-def _loss(output: Any) -> Any:
-    import torch
-    from torch.utils._pytree import tree_leaves
-
-    loss = getattr(output, "loss", None)
-    if loss is not None:
-        return loss
-    return sum(leaf.float().sum() for leaf in tree_leaves(output) if isinstance(leaf, torch.Tensor) and
-               leaf.requires_grad)
-
-
-def _call(model: Any, inputs: Any) -> Any:
-    return model(**inputs) if isinstance(inputs, dict) else model(*inputs)
-
-
-def _run_tasks(loaded: tuple, tasks: list[Task], args: dict[str, Any], report: Callable[[Task], None]) -> dict:
-    """Compile `tasks` in this process; returns this process's cache counters."""
-    import torch
-
-    import neuron_dynamo
-    from neuron_dynamo.program_cache import labelled
-
-    model, make_inputs, label = loaded
-    model = model.to(getattr(torch, args["dtype"]))
-    dynamic = DYNAMIC[args["dynamic"]]
-    modes = [False, True] if args["train"] else [False]
-
-    def compile_model() -> Any:
-        torch._dynamo.reset()  # what a fresh process would compile, not what an earlier task left in Dynamo
-        return torch.compile(model, backend="neuron_dynamo", options=dict(args["options"]), dynamic=dynamic)
-
-    def step(compiled: Any, task: Task) -> None:
-        start = time.perf_counter()
-        try:
-            for train in modes:
-                model.train(train)
-                torch.manual_seed(0)
-                inputs = make_inputs(task.batch_size, task.seq_len)
-                if train:
-                    _loss(_call(compiled, inputs)).backward()
-                    model.zero_grad(set_to_none=True)
-                else:
-                    with torch.no_grad():
-                        _call(compiled, inputs)
-            task.status = "done"
-        except Exception as exc:  # one failed shape must not stop the others: it is reported in the summary
-            task.status, task.error = "failed", f"{type(exc).__name__}: {exc}"
-        task.seconds += time.perf_counter() - start
-
-    with labelled(label):
-        if dynamic is not True:  # each shape as the first call of a process: a static graph
-            for task in tasks:
-                step(compile_model(), task)
-                if dynamic is False:
-                    report(task)
-        if dynamic is not False:  # all shapes through one compile: the dynamic graph and its buckets
-            compiled = compile_model()
-            if dynamic is None:  # Dynamo makes dynamic the dims that changed: prime with all of them changing
-                for primer in args["primers"]:
-                    step(compiled, Task(**primer))
-            for task in tasks:
-                if task.status != "failed":
-                    step(compiled, task)
-                report(task)
-    return {name: value for name, value in neuron_dynamo.stats().items() if name.startswith("cache.")}
-
-
-def _worker(spec: str, tasks: list[Task], args: dict[str, Any], queue: Any) -> None:
-    try:
-        loaded = load_model(spec, args["random_weights"])
-        stats = _run_tasks(loaded, tasks, args, lambda task: queue.put(("task", asdict(task))))
-        queue.put(("stats", stats))
-    except BaseException as exc:  # the parent reports it; a worker must always say it is finished
-        queue.put(("error", f"{type(exc).__name__}: {exc}"))
-        raise
-    finally:
-        queue.put(("exit", None))
-
-
+# ------------------------------------------------------------------------------------------------- progress
 class Progress:
-    """done / remaining / locked / failed, on one refreshed line on a terminal, a line per change otherwise."""
+    """Shapes done / remaining / failed, what was compiled or found cached, and compile locks other processes hold:
+    on one refreshed line on a terminal, a line per change otherwise; always on stderr (stdout is the result)."""
 
-    def __init__(self, total: int, cache: CompileCache, stream: Any = sys.stderr) -> None:
-        self.total, self.done, self.failed = total, 0, 0
-        self.cache, self.stream = cache, stream
-        self.tty = stream.isatty()
+    def __init__(self, tasks: list[Task], calls: int, cache: CompileCache, stream: Any = None) -> None:
+        self.tasks, self.calls, self.called = tasks, calls, 0
+        self.cache, self.stream = cache, stream or sys.stderr
+        self.tty = self.stream.isatty()
 
-    def update(self, task: Task | None = None) -> None:
-        if task is not None:
-            self.done += task.status == "done"
-            self.failed += task.status == "failed"
-        finished = self.done + self.failed
+    def update(self, called: int = 0) -> None:
+        self.called += called
+        done = sum(task.status == "done" for task in self.tasks)
+        failed = sum(task.status == "failed" and task.calls == 0 for task in self.tasks)
         width = 24
-        bar = "#" * (width * finished // max(self.total, 1))
-        line = (f"[{bar:<{width}}] done {self.done} / remaining {self.total - finished} / "
-                f"locked {len(self.cache.locks())} / failed {self.failed}")
-        self.stream.write(f"\r{line}" if self.tty else f"{line}\n")
+        bar = "#" * (width * self.called // max(self.calls, 1))
+        line = (f"[{bar:<{width}}] done {done} / remaining {len(self.tasks) - done - failed} / "
+                f"locked {len(self.cache.locks())} / failed {failed} | compiled {_total(self.tasks, 'compiled')}, "
+                f"already cached {_total(self.tasks, 'cached')}")
+        self.stream.write(f"\r{line}\x1b[K" if self.tty else f"{line}\n")  # [K: clear what a longer line left
         self.stream.flush()
 
     def close(self) -> None:
         if self.tty:
             self.stream.write("\n")
+
+
+def _total(tasks: list[Task], counter: str) -> int:
+    return sum(getattr(task, counter) for task in tasks)
 
 
 def check_summary_path(path: Path) -> None:
@@ -373,77 +241,128 @@ def warm(ns: argparse.Namespace, root: Path) -> int:
         raise PrecompileError("--workers must be at least 1")
     if ns.summary is not None:
         check_summary_path(ns.summary)
-    loaded = load_model(ns.model, ns.random_weights)  # a wrong model spec fails here, before any worker starts
+    check_size_flags(ns, directory_kind(ns.model))
+    loaded = load_model(ns.model, ns.random_weights, tuple(ns.inputs), ns.text_len)  # before any worker starts
+    check_size_flags(ns, loaded.sizes)
+    tasks = _tasks(ns, loaded)
     if resolved.cache_dir:  # -o cache_dir=... is where the compiles store: show and summarise that one
         root = Path(resolved.cache_dir).expanduser()
     cache = CompileCache(root=root)  # created only now, once the arguments are known to be usable
-    tasks = [Task(batch, seq) for batch in ns.batch_sizes for seq in ns.seq_lens]
-    # With dynamic=auto every worker primes its dynamic compile with the smallest then the largest shape, so that
-    # all workers (and a run whose batch size and length both vary) build the same dynamic graph.
-    primers = [Task(min(ns.batch_sizes), min(ns.seq_lens)), Task(max(ns.batch_sizes), max(ns.seq_lens))]
-    args = {"options": options, "dtype": ns.dtype, "train": ns.train, "dynamic": ns.dynamic,
-            "random_weights": ns.random_weights, "primers": [asdict(task) for task in primers]}
-    progress = Progress(len(tasks), cache)
+    runs = plan(tasks, ns.dynamic, ns.train)
+    for run in runs:
+        for index in run.tasks:
+            tasks[index].calls += 1
+    settings = {"options": options, "dtype": ns.dtype, "dynamic": ns.dynamic, "random_weights": ns.random_weights,
+                "inputs": tuple(ns.inputs), "text_len": ns.text_len}
+    progress = Progress(tasks, sum(len(run.tasks) for run in runs), cache)
     progress.update()
     start = time.perf_counter()
-    finished: dict[tuple[int, int], Task] = {}
-    stats: dict[str, float] = {}
-    errors: list[str] = []
-    if ns.workers == 1:
-        def report(task: Task) -> None:
-            finished[(task.batch_size, task.seq_len)] = task
-            progress.update(task)
 
-        stats = _run_tasks(loaded, tasks, args, report)
-    else:
-        shares = [tasks[i :: ns.workers] for i in range(ns.workers)]
-        context = multiprocessing.get_context("spawn")
-        queue = context.Queue()
-        processes = [context.Process(target=_worker, args=(ns.model, share, args, queue)) for share in shares if share]
-        for process in processes:
-            process.start()
-        running = len(processes)
-        while running:
-            try:
-                kind, value = queue.get(timeout=1.0)
-            except queue_module.Empty:
-                if not any(process.is_alive() for process in processes):
-                    break  # a worker died without a word (killed, crashed): its tasks are reported as failed
-                continue
-            if kind == "task":
-                task = Task(**value)
-                finished[(task.batch_size, task.seq_len)] = task
-                progress.update(task)
-            elif kind == "stats":
-                for name, amount in value.items():
-                    stats[name] = stats.get(name, 0) + amount
-            elif kind == "error":
-                errors.append(value)
-            else:
-                running -= 1
-        for process in processes:
-            process.join()
+    def report(event: dict[str, Any]) -> None:
+        record(tasks[event["task"]], event)
+        progress.update(1)
+
+    errors = _execute(ns.model, loaded, tasks, runs, settings, ns.workers, report)
     progress.close()
-    results = [finished.get((task.batch_size, task.seq_len), task) for task in tasks]
-    for task in results:
+    for task in tasks:
         if task.status == "pending":
-            task.status, task.error = "failed", "the worker stopped before finishing it"
-    summary = {
-        "model": ns.model, "cache_dir": str(cache.root), "options": options, "dtype": ns.dtype, "train": ns.train,
-        "dynamic": ns.dynamic, "workers": ns.workers, "seconds": time.perf_counter() - start,
-        "tasks": [asdict(task) for task in results], "cache": stats, "errors": errors,
-        "done": sum(task.status == "done" for task in results),
-        "failed": sum(task.status == "failed" for task in results),
-    }
-    print(f"warmed {summary['done']}/{len(results)} shape(s) of {ns.model} in {summary['seconds']:.1f} s: "
-          f"{stats.get('cache.misses', 0)} compiled, {stats.get('cache.hits', 0)} already cached, "
-          f"{stats.get('cache.bypasses', 0)} not storable")
-    for task in results:
-        if task.status == "failed":
-            print(f"  failed: batch {task.batch_size} x seq {task.seq_len}: {task.error}")
+            task.status, task.error = "failed", task.error or "the worker stopped before finishing it"
+    summary = _summary(ns, cache, options, tasks, runs, errors, time.perf_counter() - start)
+    totals = summary["totals"]
+    print(f"warmed {totals['done']}/{len(tasks)} shape(s) of {ns.model} in {summary['seconds']:.1f} s "
+          f"({len(runs)} compile run(s), {totals['calls']} calls): {totals['compiled']} compiled, "
+          f"{totals['cached']} already cached, {totals['not_storable']} not storable, {totals['failed']} failed")
+    for task in tasks:
+        print(f"  {task.name()}: {task.status}, {task.compiled} compiled, {task.cached} already cached"
+              + (f": {task.error}" if task.error else ""))
+    for error in errors:
+        print(f"  worker error: {error}")
     if ns.summary:
         ns.summary.expanduser().write_text(json.dumps(summary, indent=2))
-    return 1 if summary["failed"] or errors else 0
+    return 1 if totals["failed"] or errors else 0
+
+
+def check_size_flags(ns: argparse.Namespace, kind: str | None) -> None:
+    """--seq-lens for language models, --sizes for image models (`kind`: "seq", "image", or None: not known yet)."""
+    if ns.sizes and ns.seq_lens:
+        raise PrecompileError("give --seq-lens (language models) or --sizes (image models), not both")
+    if kind == "seq" and ns.sizes:
+        raise PrecompileError(f"{ns.model} is a language model: give it --seq-lens, not --sizes")
+    if kind == "image" and ns.seq_lens:
+        raise PrecompileError(f"{ns.model} is a Diffusers model: give it --sizes HxW (its latent height x width, "
+                              "e.g. 64x64), not --seq-lens")
+
+
+def _tasks(ns: argparse.Namespace, loaded: Loaded) -> list[Task]:
+    """One task per batch size x (sequence length or HxW size); inputs the model cannot take fail here."""
+    if loaded.sizes == "image":
+        default = getattr(loaded.model.config, "sample_size", None) or 64
+        default = tuple(default) if isinstance(default, (tuple, list)) else (default, default)
+        sizes = ns.sizes or [default]
+    else:
+        sizes = ns.sizes or [(seq,) for seq in ns.seq_lens or [128]]
+    tasks = [Task(batch, tuple(size)) for batch in ns.batch_sizes for size in sizes]
+    try:
+        loaded.make_inputs(tasks[0].batch_size, *tasks[0].size)  # a model whose inputs cannot be built: now
+    except PrecompileError:
+        raise
+    except Exception:  # a shape the model does not take is reported with that shape
+        pass
+    return tasks
+
+
+def _execute(spec: str, loaded: Loaded, tasks: list[Task], runs: list[Run], settings: dict[str, Any], workers: int,
+             report: Callable[[dict[str, Any]], None]) -> list[str]:
+    """Run the plan here (one worker) or over `workers` processes; returns the workers' own errors."""
+    if workers == 1:
+        run_plan(loaded, tasks, runs, settings, report)
+        return []
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    processes = [context.Process(target=_worker, args=(spec, tasks, share_, settings, queue))
+                 for share_ in share(runs, tasks, workers)]
+    for process in processes:
+        process.start()
+    running, errors = len(processes), []
+    while running:
+        try:
+            kind, value = queue.get(timeout=1.0)
+        except queue_module.Empty:
+            if not any(process.is_alive() for process in processes):
+                break  # a worker died without a word (killed, crashed): its tasks are reported as failed
+            continue
+        if kind == "call":
+            report(value)
+        elif kind == "error":
+            errors.append(value)
+        else:
+            running -= 1
+    for process in processes:
+        process.join()
+    return errors
+
+
+def _worker(spec: str, tasks: list[Task], runs: list[Run], settings: dict[str, Any], queue: Any) -> None:
+    try:
+        loaded = load_model(spec, settings["random_weights"], settings["inputs"], settings["text_len"])
+        run_plan(loaded, tasks, runs, settings, lambda event: queue.put(("call", event)))
+    except BaseException as exc:  # the parent reports it; a worker must always say it is finished
+        queue.put(("error", f"{type(exc).__name__}: {exc}"))
+        raise
+    finally:
+        queue.put(("exit", None))
+
+
+def _summary(ns: argparse.Namespace, cache: CompileCache, options: dict[str, str], tasks: list[Task],
+             runs: list[Run], errors: list[str], seconds: float) -> dict[str, Any]:
+    """The JSON summary: the settings, one entry per shape, and the totals."""
+    totals = {"shapes": len(tasks), "done": sum(task.status == "done" for task in tasks),
+              "failed": sum(task.status == "failed" for task in tasks), "runs": len(runs),
+              "calls": sum(len(run.tasks) for run in runs),
+              **{counter: _total(tasks, counter) for counter in ("compiled", "cached", "not_storable")}}
+    return {"model": ns.model, "cache_dir": str(cache.root), "options": options, "dtype": ns.dtype, "train": ns.train,
+            "dynamic": ns.dynamic, "workers": ns.workers, "seconds": round(seconds, 3),
+            "tasks": [task.summary() for task in tasks], "totals": totals, "errors": errors}
 
 
 # --------------------------------------------------------------------------------------------- maintenance

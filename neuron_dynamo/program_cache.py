@@ -36,8 +36,8 @@ import torch
 import torch.fx as fx
 
 from neuron_dynamo import counters
-from neuron_dynamo.cache import CacheEntry, CompileCache, default_cache_dir
-from neuron_dynamo.cache_key import PROGRAM_FORMAT, program_key
+from neuron_dynamo.cache import CacheEntry, CompileCache, default_cache_dir, make_key
+from neuron_dynamo.cache_key import PROGRAM_FORMAT, program_key, structure_parts
 from neuron_dynamo.errors import NeuronDynamoError
 from neuron_dynamo.lowering.artifact import decode_graph, encode_graph
 from neuron_dynamo.options import Options
@@ -152,6 +152,8 @@ def _load_region(target: Any, data: bytes, constants: dict[str, Any]) -> Any:
 _caches: dict[tuple, CompileCache] = {}
 _caches_lock = threading.Lock()
 _label = threading.local()
+# Programs this process stored in or loaded from a cache, by structure (graph and input layout, not options).
+_stored: dict[str, dict[str, CompileCache]] = {}  # structure -> {program key: its cache}
 
 
 def cache_for(options: Options) -> CompileCache:
@@ -213,10 +215,28 @@ def cached_program(
         program, status, stored_seconds = _through_cache(cache, key, gm, options, target, build, wrap)
     finally:
         _publish(before, cache.stats)
+    if status in ("hit", "miss"):
+        _stored.setdefault(make_key(structure_parts(gm, example_inputs)), {})[key] = cache
     saved = max(0.0, stored_seconds - (time.perf_counter() - start)) if status == "hit" else 0.0
     counters.bump("cache.seconds_saved", saved)
     log.debug("compile cache %s for key %s… (%s)", status, key[:16], cache.root)
     return program, CacheOutcome(status, saved, key)
+
+
+def has_stored_program(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
+    """Whether compiling `gm` at these inputs is likely a cache read: this process stored or loaded the program of an
+    equal graph (`cache_key.semantic_graph`) at the same input layout, and its cache still holds it.
+
+    Options are not compared (a different target or option is a miss, compiled as usual). Bucketed graphs ask this
+    before compiling a new bucket: after sizes A then B, Dynamo's dynamic graph replaces the static graph of A, and
+    at A again the program the static graph compiled serves it."""
+    stored = _stored.get(make_key(structure_parts(gm, example_inputs)), {})
+    return any(cache.active and cache.get(key) is not None for key, cache in stored.items())
+
+
+def forget_stored_programs() -> None:
+    """Forget which programs this process stored (`has_stored_program` then says no); for tests and long runs."""
+    _stored.clear()
 
 
 def discard_program(options: Options, key: str, reason: str) -> None:

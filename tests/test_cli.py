@@ -51,8 +51,8 @@ def test_warm_with_workers_then_a_fresh_run_has_no_miss(tmp_path, cache_dir, pin
     )
     assert "done 4 / remaining 0" in result.stderr
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["done"] == 4 and summary["failed"] == 0, summary
-    assert summary["cache"]["cache.misses"] >= 4
+    assert summary["totals"]["done"] == 4 and summary["totals"]["failed"] == 0, summary
+    assert summary["totals"]["compiled"] >= 4
     assert {entry.meta["label"] for entry in CompileCache(root=cache_dir).entries()} == {"tiny_models:tiny_lm"}
 
     # a real run: its first shape is a static graph, the next ones go through the dynamic graph and its buckets
@@ -139,9 +139,9 @@ def test_warm_a_hugging_face_directory_then_a_training_run_has_no_miss(tmp_path,
     run_python(warm, "warm", str(model_dir), "--seq-lens", "8", "--train", "--dynamic", "false",
                "-o", "target=reference", "--summary", str(tmp_path / "summary.json"), cwd=tmp_path)
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["done"] == 1 and summary["failed"] == 0
-    assert summary["cache"]["cache.misses"] >= 3  # inference, training forward, training backward
-    assert len(CompileCache(root=cache_dir).entries()) == summary["cache"]["cache.misses"]
+    assert summary["totals"]["done"] == 1 and summary["totals"]["failed"] == 0
+    assert summary["totals"]["compiled"] >= 3  # inference, training forward, training backward
+    assert len(CompileCache(root=cache_dir).entries()) == summary["totals"]["compiled"]
 
     train = textwrap.dedent("""
         import json, sys, torch, transformers, neuron_dynamo
@@ -173,7 +173,8 @@ def test_a_failing_shape_is_reported_and_the_others_are_stored(tmp_path, cache_d
     status = main(["warm", "picky_models:picky", "--seq-lens", "8,13", "--dynamic", "false", "-o", "target=reference",
                    "--summary", str(summary_path)])
     assert status == 1
-    assert "failed: batch 1 x seq 13: ValueError: this model only takes even lengths" in capsys.readouterr().out
+    assert "batch 1 x seq 13: failed, 0 compiled, 0 already cached: ValueError: this model only takes even lengths" \
+        in capsys.readouterr().out
     summary = json.loads(summary_path.read_text())
-    assert (summary["done"], summary["failed"]) == (1, 1)
+    assert (summary["totals"]["done"], summary["totals"]["failed"]) == (1, 1)
     assert len(CompileCache(root=cache_dir).entries()) >= 1

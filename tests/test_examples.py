@@ -17,3 +17,13 @@ def test_example_runs(script):
                           timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "ops run eagerly (fallback)" in done.stdout or "no fallback ops" in done.stdout
+
+
+def test_generate_static_cache_example_runs():
+    """The generation example: every prompt's tokens equal eager's, and the third prompt length compiles nothing."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, str(EXAMPLES / "generate_static_cache.py")], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "ops run eagerly (fallback)" in done.stdout or "no fallback ops" in done.stdout
+    assert "prompt of 40 tokens" in done.stdout and "(eager: same), 0 program(s) compiled" in done.stdout

@@ -8,6 +8,7 @@ SymInt inputs are baked in (they are sizes, fixed per bucket); only tensors rema
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 
 import sympy
@@ -32,7 +33,13 @@ class StaticGraph:
 
 
 def evaluate(expr, values: Mapping[sympy.Symbol, int]) -> int:
-    """An integer size expression at concrete symbol values."""
+    """An integer size expression at concrete symbol values (memoised: bucket dispatch evaluates the same input and
+    output sizes at every call, and sympy's substitution costs tens of microseconds each)."""
+    return _evaluate(expr, tuple(values.items()))
+
+
+@functools.lru_cache(maxsize=65536)
+def _evaluate(expr, values: tuple[tuple[sympy.Symbol, int], ...]) -> int:
     result = sympy.sympify(sympy.sympify(expr).xreplace(dict(values)))
     if not result.is_number:
         raise SpecializationError(f"size {expr} still depends on {sorted(map(str, result.free_symbols))}")

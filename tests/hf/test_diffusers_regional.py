@@ -113,6 +113,25 @@ def test_flux_regional_resolutions_share_buckets():
     assert stats["bucketing.graphs"] >= 2 and not stats.get("bucketing.graphs_refused")
 
 
+def test_flux_returning_to_a_resolution_compiles_nothing():
+    """Sizes A, B (another bucket), then A: Dynamo's dynamic graph has replaced the static graph that served A, and
+    the program that graph stored in the compile cache serves A again, exactly (`cache_key.semantic_graph` makes the
+    two graphs one key). No program is built on the return."""
+    model = tiny_flux()
+    small, large = (4, 4), (12, 12)  # 24 and 152 tokens: buckets 128 and 256
+    with torch.no_grad():
+        expected = model(**flux_inputs(*small))[0]
+    model.compile_repeated_blocks(backend="neuron", fullgraph=True, options=REFERENCE)
+    with torch.no_grad():
+        model(**flux_inputs(*small))
+        model(**flux_inputs(*large))
+        built = neuron_dynamo.stats().get("cache.misses", 0)
+        torch.testing.assert_close(model(**flux_inputs(*small))[0], expected, rtol=1e-4, atol=1e-4)
+    stats = neuron_dynamo.stats()
+    assert stats.get("cache.misses", 0) == built, "returning to a resolution built a program"
+    assert stats.get("cache.hits", 0) >= 2  # the double and the single block's programs of A
+
+
 # --- whole-model compile ---------------------------------------------------------------------------------------------
 def test_unet_whole_model_compile():
     unet = tiny_unet()

@@ -74,6 +74,21 @@ def _positions(ids, table):
     return table[positions] + table.index_select(0, positions[0]).unsqueeze(0)
 
 
+def _decode_step(past, new, query):
+    """One step of a growing KV cache: the new token's keys appended behind the past ones, attended over."""
+    keys = torch.cat([past, new], dim=2)
+    return F.scaled_dot_product_attention(query, keys, keys), keys
+
+
+def _last_position(x):
+    return x.cumsum(1)[:, -1:] * 2
+
+
+def _cache_write(cache, position, value):
+    """A static KV cache written at a position given as data (negative: counted from the end)."""
+    return torch.ops.aten.index_put(cache, [None, position], value) * 2
+
+
 def _seq(batch=2, features=True, dtype=torch.float32):
     def make(n, gen):
         shape = (batch, n, H) if features else (batch, n)
@@ -99,6 +114,12 @@ ACCEPTED = {
         {0: [1], 1: [1]},
     ),
     "prefix_token": (_prefix_token, [_seq()], {0: [1]}),
+    "decode_step": (_decode_step, [lambda n, g: torch.randn(1, 2, n, H, generator=g),
+                                   lambda n, g: torch.randn(1, 2, 1, H, generator=g),
+                                   lambda n, g: torch.randn(1, 2, 1, H, generator=g)], {0: [2]}),
+    "last_position": (_last_position, [_seq()], {0: [1]}),
+    "cache_write": (_cache_write, [_seq(), lambda n, g: torch.randint(-n, n, (1,), generator=g),
+                                   lambda n, g: torch.randn(2, 1, H, generator=g)], {0: [1]}),
     "length_as_data": (_length_as_data, [_seq()], {0: [1]}),
     "positions": (
         _positions,
@@ -152,7 +173,7 @@ REFUSED = {
     "sort": (lambda x: torch.sort(x, 1).values, "sort"),
     "topk": (lambda x: torch.topk(x, 2, dim=1).values, "topk"),
     "last_position": (lambda x: x[:, -1] * 2, "end of a padded dim"),
-    "tail_slice": (lambda x: x[:, -3:] * 2, "from the end of a padded dim"),
+    "strided_tail_slice": (lambda x: x[:, -3::2] * 2, "from the end of a padded dim"),
     "variance": (lambda x: x.var(1), "variance"),
     "cat_along_length": (lambda x: torch.cat([x, x], 1).sum(1), "concatenation along a padded dim"),
     "scan_over_merged": (lambda x: x.reshape(-1).cumsum(0), "scan along a merged padded dim"),

@@ -31,9 +31,11 @@ Rules, over a padded dim (`mask` = the analysis inserts `masked_fill(pad region,
 |   | *merged* dim (padding interleaved), which only element-wise ops, matmul, reductions, softmax, norms |
 |   | and scatters may consume; a split must cut at factor boundaries |
 | permute, transpose, expand | dims follow; a broadcast to a padded size fills the pad with real data (UNKNOWN) |
-| slice, narrow, select | constant start >= 0: safe. Start counted from the end (`x[:, -1]`): refuse. A start, |
+| slice, narrow, select | constant start >= 0: safe. A tail slice `x[:, -k:]` (the last position's logits): read |
+|   | at the real end (a gather). Other starts counted from the end (`x[:, -1]`): refuse. A start, |
 |   | index or (unpadded) end computed from a dynamic size (`table[x.shape[1] - 1]`), of any tensor: refuse |
-| cat / split, unbind | along unpadded dims safe; along a padded dim only the last operand may be padded; |
+| cat / split, unbind | along unpadded dims safe; along a padded dim the last operand may be padded; one padded |
+|   | operand followed by unpadded ones (a KV cache and the new keys): those are moved up to its real end (gather); |
 |   | `split_with_sizes` of a tail-padded dim whose pieces but the last are unpadded: safe; other splits refuse |
 | stack | safe: the new dim is unpadded, the others keep the operands' pads (mixed kinds: UNKNOWN) |
 | constant_pad_nd | right padding of a padded dim: the fill is moved to the real end (mask); a crop at the start |
@@ -61,7 +63,8 @@ Rules, over a padded dim (`mask` = the analysis inserts `masked_fill(pad region,
 | scatter, index_add, slice_scatter | along unpadded dims safe; slice_scatter along a padded dim restores the |
 |   | destination behind the real end; other writes along a padded dim (a KV cache) refuse |
 | index_put | accumulate: mask padded values to 0, when the values are padded like the indices (not broadcast, |
-|   | not merged differently: else refuse), padded indices set in range; overwrite: refuse |
+|   | not merged differently: else refuse), padded indices set in range; overwrite of unpadded values at unpadded |
+|   | indices into a padded buffer (a static KV cache): negative indices counted from the real end; else refuse |
 | mutations (copy_, add_, ...) | refuse when padding is involved (the caller would never see the padded copy) |
 | random (dropout, rand, bernoulli) | refuse on padded shapes (the random stream would differ) |
 | creation (full, zeros, arange) | pad kind from the fill value; `arange` start must not depend on a bucketed size |

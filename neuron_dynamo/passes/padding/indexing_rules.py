@@ -114,7 +114,7 @@ def _index_put(self: Analysis, node: fx.Node):
         return self.like(node, node.args[0])
     destination = self.tensor(node.args[0])
     if destination is not None and destination.padded:
-        self.refuse(node, "writes into a padded buffer at data-dependent positions")
+        return _write_into_padded_buffer(self, node, args, destination)
     if not args.get("accumulate", False):
         self.refuse(node, "writes at padded positions would overwrite real entries of the buffer (e.g. a KV cache); "
                           "redirecting such writes is not supported")
@@ -122,6 +122,28 @@ def _index_put(self: Analysis, node: fx.Node):
     for index in args["indices"]:
         _in_range_padding(self, node, index)
     self.mask_padded(node, args["values"], 0.0, "accumulating write: padded values zeroed", unless=(Pad.ZERO,))
+    return self.like(node, node.args[0])
+
+
+def _write_into_padded_buffer(self: Analysis, node: fx.Node, args: dict, destination):
+    """An overwrite of unpadded values at unpadded indices into a padded buffer (a static KV cache at
+    `cache_position`): an index in range of the real size lands in the real region at any bucket; a negative one
+    counts from the real end, so it is made non-negative first. The buffer's pad keeps what it held."""
+    indices = list(args["indices"])
+    values = args["values"]
+    if args.get("accumulate", False) or any(self.tensor(i) is not None and self.tensor(i).padded for i in indices) \
+            or (self.tensor(values) is not None and self.tensor(values).padded):
+        self.refuse(node, "writes into a padded buffer at data-dependent positions")
+    for dim, index in enumerate(indices):
+        if index is None or destination.dims[dim] is None:
+            continue
+        with self.graph.inserting_before(node):
+            negative = self.graph.call_function(aten.lt.Scalar, (index, 0))
+            wrapped = self.graph.call_function(aten.add.Tensor, (index, self.real(destination.dims[dim].expr)))
+            counted = self.graph.call_function(aten.where.self, (negative, wrapped, index))
+        counted.meta["val"] = index.meta.get("val")
+        node.replace_input_with(index, counted)
+        self.masks.append(f"{node.name}: negative write positions counted from the real end")
     return self.like(node, node.args[0])
 
 

@@ -171,6 +171,8 @@ def _slice(self: Analysis, node: fx.Node):
     if padded_src or self.is_padded(dst[dim]):
         start = _const_int(self, node, start, "the slice start") or 0
         step = _const_int(self, node, step, "the slice step")
+        if start < 0 and padded_src and step == 1 and out[dim].is_tail and dst[dim] == -start:
+            return _tail_slice(self, node, state, dim, -start)
         if start < 0:
             self.refuse(node, "a slice counted from the end of a padded dim would read padding")
         if step != 1 and start != 0:
@@ -184,6 +186,24 @@ def _slice(self: Analysis, node: fx.Node):
     else:
         out[dim] = None
     return TensorPad(tuple(out), state.bound if state else None)
+
+
+def _tail_slice(self: Analysis, node: fx.Node, state: TensorPad, dim: int, count: int) -> TensorPad:
+    """`x[:, -count:]` of a padded dim (the last position's logits): read at the real end instead, a gather at
+    `real - count + arange(count)`. The result is unpadded along `dim`."""
+    users = list(node.users)
+    with self.graph.inserting_before(node.next):
+        positions = self.graph.call_function(aten.arange.default, (count,), {"device": node.meta["val"].device})
+        start = self.graph.call_function(aten.sub.Tensor, (self.real(_exprs(node.args[0])[dim]), count))
+        index = self.graph.call_function(aten.add.Tensor, (positions, start))
+        tail = self.graph.call_function(aten.index_select.default, (node.args[0], dim, index))
+    tail.meta["val"] = node.meta["val"]
+    for user in users:
+        user.replace_input_with(node, tail)
+    result = TensorPad(state.dims[:dim] + (None,) + state.dims[dim + 1:], state.bound)
+    self.state[tail] = result
+    self.masks.append(f"{node.name}: the last {count} position(s) read at the real end")
+    return result
 
 
 @rule(aten.select, aten.select_copy)
@@ -205,23 +225,55 @@ def _cat(self: Analysis, node: fx.Node):
     dst = _exprs(node)
     dim = (node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)) % len(dst)
     out = []
+    compact = False
     for d, expr in enumerate(dst):
         if d == dim:
             if not self.is_padded(expr):
                 out.append(None)
                 continue
             padded = [t for t in tensors if self.is_padded(_exprs(t)[d])]
-            if padded != tensors[-1:]:
+            if padded == tensors[-1:]:
+                out.append(DimPad(expr, self.dims(tensors[-1])[d].kind))
+                continue
+            if len(padded) != 1 or self.dims(padded[0])[d] is None or not self.dims(padded[0])[d].is_tail:
                 self.refuse(node, "concatenation along a padded dim leaves padding between real data")
-            last = self.dims(tensors[-1])[d]
-            out.append(DimPad(expr, last.kind))
+            out.append(DimPad(expr, Pad.UNKNOWN))
+            compact = True
         elif self.is_padded(expr):
             kinds = {self.dims(t)[d].kind if self.dims(t)[d] else Pad.UNKNOWN for t in tensors}
             out.append(DimPad(expr, kinds.pop() if len(kinds) == 1 else Pad.UNKNOWN))
         else:
             out.append(None)
     bounds = {self.tensor(t).bound if self.tensor(t) else None for t in tensors}
-    return TensorPad(tuple(out), bounds.pop() if len(bounds) == 1 and dim != len(dst) else None)
+    state = TensorPad(tuple(out), bounds.pop() if len(bounds) == 1 and dim != len(dst) else None)
+    if compact:
+        self.state[_compact_cat(self, node, tensors, dim)] = state
+    return state
+
+
+def _compact_cat(self: Analysis, node: fx.Node, tensors: list[fx.Node], dim: int) -> fx.Node:
+    """A padded operand followed by unpadded ones (a KV cache and the new token's keys): the later operands are
+    moved up to the padded operand's real end, so the result's padding is its tail again. Its users read the gather
+    `cat[index]`, index = i below the real end, i + (bucket - real) from there (clamped: the pad holds real data)."""
+    position = next(k for k, t in enumerate(tensors) if self.is_padded(_exprs(t)[dim]))
+    before = sum((_exprs(t)[dim] for t in tensors[:position]), sympy.Integer(0))
+    padded = _exprs(tensors[position])[dim]
+    size = _exprs(node)[dim]
+    users = list(node.users)
+    with self.graph.inserting_before(node.next):
+        positions = self.graph.call_function(aten.arange.default, (self.sym(size),),
+                                             {"device": node.meta["val"].device})
+        beyond = self.graph.call_function(aten.ge.Tensor, (positions, self.real(before + padded)))
+        gap = self.graph.call_function(aten.rsub.Scalar, (self.real(padded), self.sym(padded)))
+        shift = self.graph.call_function(aten.mul.Tensor, (beyond, gap))
+        index = self.graph.call_function(aten.add.Tensor, (positions, shift))
+        index = self.graph.call_function(aten.clamp.default, (index, None, self.sym(size - 1)))
+        compacted = self.graph.call_function(aten.index_select.default, (node, dim, index))
+    compacted.meta["val"] = node.meta["val"]
+    for user in users:
+        user.replace_input_with(node, compacted)
+    self.masks.append(f"{node.name}: the operands after the padded one moved up to its real end")
+    return compacted
 
 
 @rule(aten.stack)
