@@ -84,3 +84,17 @@ def _eager_only(x: torch.Tensor) -> torch.Tensor:
 @_eager_only.register_fake
 def _(x):
     return torch.empty_like(x)
+
+
+# Longest files first: `make test` spreads whole files over two workers (`--dist loadfile`) in collection order, so
+# a long file collected last runs alone at the end while the other worker idles. Order within a file is unchanged.
+_LONG_FIRST = ("opinfo", "hf", "distributed", "test_", "passes", "lowering", "nki", "kernels", "toolchain")
+
+
+def _file_rank(item) -> int:
+    part = Path(str(item.path)).relative_to(Path(__file__).parent).parts[0]
+    return next((rank for rank, prefix in enumerate(_LONG_FIRST) if part.startswith(prefix)), len(_LONG_FIRST))
+
+
+def pytest_collection_modifyitems(config, items):
+    items.sort(key=_file_rank)  # stable: files keep their order within a rank, tests theirs within a file
