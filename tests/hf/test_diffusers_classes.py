@@ -2,34 +2,22 @@
 
 Diffusers' recipe is `model.compile_repeated_blocks(fullgraph=True)` under `torch._dynamo.config.recompile_limit = 1`:
 all blocks of a class must run from one Dynamo graph. The class list comes from the installed diffusers at run time;
-each class needs a tiny config here (random weights, nothing downloaded), or an entry in NOT_COVERED with the reason.
-The breadth sweep runs on the `reference` target; a handful of classes also run on the default target.
+each class needs a tiny config (random weights, nothing downloaded), or an entry in NOT_COVERED with the reason.
+The first classes' sweep (CASES) runs on the `reference` target and a handful of them on the default target; the
+classes of `tiny_diffusers.py` run on the default target only, at one resolution. A class the backend fails on is in
+KNOWN_FAILURES with its exact error, run as a strict xfail: it fails the suite once it passes.
 """
 
-import dataclasses
 import inspect
-from collections.abc import Callable
 
 import diffusers
 import pytest
 import torch
+from tiny_diffusers import DEFAULT_TARGET_CASES, Case, randn
 
 import neuron_dynamo
 
 REFERENCE = {"target": "reference"}
-
-
-def randn(*shape: int, seed: int = 0) -> torch.Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed + sum(shape)))
-
-
-@dataclasses.dataclass(frozen=True)
-class Case:
-    """A tiny instance of one class: its init arguments and a builder of its forward's keyword arguments."""
-
-    config: dict
-    inputs: Callable[[], dict]
-    recompile_limit: int = 1  # more only where Dynamo's own eager backend needs more (Diffusers' tests say so too)
 
 
 def flux_ids(height: int, width: int, text: int) -> dict:
@@ -121,20 +109,25 @@ CASES: dict[str, Case] = {
 
 # Classes without a case, each with the reason. A reason is a fact about the class, or says that no case is written.
 NO_CASE_YET = "no tiny config written yet (issue 14): add one to CASES"
-NOT_COVERED: dict[str, str] = dict.fromkeys([
-    "AnyFlowFARTransformer3DModel", "AnyFlowTransformer3DModel", "AutoencoderKLMiniMaxH3",
-    "BriaFibo2Transformer2DModel", "BriaFiboTransformer2DModel", "Cosmos3OmniTransformer",
-    "DreamLiteUNetModel", "ErnieImageTransformer2DModel",
-    "Flux3Transformer2DModel", "GlmImageTransformer2DModel", "HeliosTransformer3DModel",
-    "HunyuanImageTransformer2DModel", "HunyuanVideo15Transformer3DModel", "Ideogram4Transformer2DModel",
-    "JoyImageEditPlusTransformer3DModel", "JoyImageEditTransformer3DModel", "Kandinsky5Transformer3DModel",
-    "Kandinsky6SRTransformer3DModel", "Kandinsky6Transformer3DModel", "Krea2Transformer2DModel",
-    "LTX2VideoTransformer3DModel", "LongCatAudioDiTTransformer", "MiniMaxH3Transformer3DModel",
-    "MiniMaxMusic3Transformer1DModel", "MotifVideoTransformer3DModel", "NucleusMoEImageTransformer2DModel",
-    "QwenImage21Transformer2DModel", "RFD4ProteinaAutoencoder", "RFD4ProteinaTransformer",
-    "SanaWMLTX2RefinerTransformer3DModel", "SanaWMTransformer3DModel", "StableAudio3DiTModel",
-    "WanAnimate2Transformer3DModel", "WanAnimateTransformer3DModel", "ZImageTransformer2DModel",
-], NO_CASE_YET)
+NOT_COVERED: dict[str, str] = {
+    **dict.fromkeys(["RFD4ProteinaAutoencoder", "RFD4ProteinaTransformer", "SanaWMLTX2RefinerTransformer3DModel",
+                     "SanaWMTransformer3DModel"], NO_CASE_YET),
+    "AnyFlowFARTransformer3DModel": "its causal attention is flex_attention over a BlockMask: eager alone takes about "
+                                    "20 s on CPU at the tiny config (hidden 24, 4 frames of 8x8), over this file's "
+                                    "budget; AnyFlowTransformer3DModel covers the same blocks with SDPA",
+    "WanAnimate2Transformer3DModel": "Dynamo itself cannot trace its block with fullgraph=True (the eager backend "
+                                     "raises too): data-dependent guard `4*u4 < 2` in rope_apply's "
+                                     "`freqs[0][: f * time_stride : time_stride]`",
+}
+
+# Classes the backend fails on, with the exact error; each runs as a strict xfail, so a fix shows up as a failure here.
+KNOWN_FAILURES: dict[str, str] = {
+    # Bucketing refuses the dynamic graph Dynamo makes for the main layers (`aten.view_as_complex` in RoPE has no
+    # padding rule), so it runs at exact shapes; on the second call Dynamo sends the noise refiner's shorter sequence
+    # to that graph, and the backend compiles a program for it (a third call compiles nothing).
+    "ZImageTransformer2DModel": "AssertionError: the second call compiled a program",
+}
+ALL_CASES: dict[str, Case] = {**CASES, **DEFAULT_TARGET_CASES}
 
 
 def repeated_block_classes() -> dict[str, type]:
@@ -150,10 +143,12 @@ def repeated_block_classes() -> dict[str, type]:
 
 def test_every_class_with_repeated_blocks_has_a_case():
     classes = repeated_block_classes()
-    missing = sorted(set(classes) - set(CASES) - set(NOT_COVERED))
+    missing = sorted(set(classes) - set(ALL_CASES) - set(NOT_COVERED))
     assert not missing, (f"diffusers classes with _repeated_blocks and no tiny config: {missing}; add a tiny config "
-                         "to CASES in tests/hf/test_diffusers_classes.py, or list the class in NOT_COVERED with why")
-    stale = sorted((set(CASES) | set(NOT_COVERED)) - set(classes))
+                         "to tests/hf/tiny_diffusers.py, or list the class in NOT_COVERED with why")
+    stale = sorted((set(ALL_CASES) | set(NOT_COVERED)) - set(classes))
+    assert set(KNOWN_FAILURES) <= set(ALL_CASES), "a known failure needs its tiny config"
+    assert not set(ALL_CASES) & set(NOT_COVERED), "a class with a tiny config is covered: drop it from NOT_COVERED"
     assert not stale, f"classes no longer in diffusers or without _repeated_blocks: {stale}"
 
 
@@ -164,7 +159,7 @@ def block_classes(model: torch.nn.Module) -> set[str]:
 def documented_way(name: str, options: dict | None) -> dict:
     """Eager, then `compile_repeated_blocks(backend="neuron", fullgraph=True)` under recompile_limit=1, twice: equal
     outputs, one Dynamo graph per block class, every block call served by it, and nothing compiled by the second."""
-    case = CASES[name]
+    case = ALL_CASES[name]
     torch.manual_seed(0)
     model = repeated_block_classes()[name](**case.config).eval()
     with torch.no_grad():
@@ -192,12 +187,22 @@ def _tensors(output) -> list[torch.Tensor]:
     return [t for item in output for t in _tensors(item)] if isinstance(output, (tuple, list)) else []
 
 
+DEFAULT_TARGET_SAMPLE = ["WanTransformer3DModel", "QwenImageTransformer2DModel", "ChromaTransformer2DModel"]
+
+
 @pytest.mark.slow  # about 10 s per class on a shared machine
-@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("name", sorted(set(CASES) - set(DEFAULT_TARGET_SAMPLE)))  # run on the default target below
 def test_regional_documented_way(name):
     documented_way(name, REFERENCE)
 
 
-@pytest.mark.parametrize("name", ["WanTransformer3DModel", "QwenImageTransformer2DModel", "ChromaTransformer2DModel"])
+@pytest.mark.parametrize("name", DEFAULT_TARGET_SAMPLE)
 def test_regional_documented_way_default_target(name):
+    documented_way(name, None)
+
+
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.xfail(
+    strict=True, raises=AssertionError, reason=KNOWN_FAILURES[name])) if name in KNOWN_FAILURES else name
+    for name in sorted(DEFAULT_TARGET_CASES)])
+def test_regional_documented_way_more_classes(name):
     documented_way(name, None)

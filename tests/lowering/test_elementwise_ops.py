@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from compiled import compile_static
 
 import neuron_dynamo
 
@@ -29,14 +30,9 @@ BINARY = {
 }
 
 
-def _compiled(fn):
-    torch._dynamo.reset()
-    return torch.compile(fn, backend="neuron", dynamic=False)
-
-
 def _check(fn, *inputs, rtol=1e-4, atol=1e-5):
     """Compiled output equals eager's, and nothing ran eagerly."""
-    report = neuron_dynamo.explain(_compiled(fn), *inputs)
+    report = neuron_dynamo.explain(compile_static(fn), *inputs)
     torch.testing.assert_close(report.output, fn(*inputs), rtol=rtol, atol=atol, equal_nan=True)
     reasons = [entry["reason"] for graph in report.graphs for entry in graph.fallback_ops]
     assert not reasons, reasons
@@ -128,7 +124,7 @@ def test_tan_keeps_precision_near_its_poles():
 
 
 def _refusals(fn, *inputs):
-    report = neuron_dynamo.explain(_compiled(fn), *inputs)
+    report = neuron_dynamo.explain(compile_static(fn), *inputs)
     torch.testing.assert_close(report.output, fn(*inputs), equal_nan=True)
     return [entry["reason"] for graph in report.graphs for entry in graph.fallback_ops]
 

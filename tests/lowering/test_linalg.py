@@ -9,6 +9,7 @@ import math
 
 import pytest
 import torch
+from compiled import check_compiled, run_compiled
 
 from neuron_dynamo import counters
 from neuron_dynamo.lowering import linalg_factor
@@ -16,20 +17,8 @@ from neuron_dynamo.lowering import linalg_factor
 TOLERANCE = {"rtol": 1e-4, "atol": 1e-4}
 
 
-def _compiled(fn, *args):
-    """fn compiled on the simulator, its result, and the reasons of the ops that ran eagerly."""
-    torch._dynamo.reset()
-    with counters.collect_reports() as reports:
-        result = torch.compile(fn, backend="neuron", dynamic=False)(*args)
-    return result, {entry["op"]: entry["reason"] for report in reports for entry in report.fallback_ops}
-
-
 def _check(fn, *args, lowered=True):
-    result, fallbacks = _compiled(fn, *args)
-    torch.testing.assert_close(result, fn(*args), equal_nan=True, **TOLERANCE)
-    if lowered:
-        assert not fallbacks, fallbacks
-    return fallbacks
+    return check_compiled(fn, *args, lowered=lowered, **TOLERANCE)
 
 
 def _recomputes() -> int:
@@ -155,7 +144,7 @@ def test_matrix_exp(scale):
 
 def test_matrix_exp_of_bf16_computes_in_fp32():
     x = torch.randn(4, 4, generator=torch.Generator().manual_seed(5)).bfloat16()
-    result, fallbacks = _compiled(torch.linalg.matrix_exp, x)
+    result, fallbacks = run_compiled(torch.linalg.matrix_exp, x)
     assert not fallbacks and result.dtype == torch.bfloat16
     torch.testing.assert_close(result, torch.linalg.matrix_exp(x.float()).bfloat16(), rtol=2e-2, atol=2e-2)
 
@@ -188,7 +177,7 @@ def test_singular_and_indefinite_matrices_report_info_as_torch(fn):
 
 def test_singular_inverse_raises_as_torch():
     with pytest.raises(torch.linalg.LinAlgError):
-        _compiled(torch.linalg.inv, torch.zeros(3, 3))
+        run_compiled(torch.linalg.inv, torch.zeros(3, 3))
 
 
 def test_nan_input_is_recomputed_by_torch():

@@ -10,24 +10,13 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-
-from neuron_dynamo import counters
+from compiled import check_compiled, run_compiled
 
 SPECIALS = [0.0, -0.0, 1.0, 3.0, -5.5, 0.1, math.inf, -math.inf, math.nan, 1e-40, -1e-45, 2.0**-126, 3.4e38, 0.75]
 
 
-def _compiled(fn, *args):
-    """fn compiled on the simulator, its result, and the reasons of the ops that ran eagerly."""
-    torch._dynamo.reset()
-    with counters.collect_reports() as reports:
-        result = torch.compile(fn, backend="neuron", dynamic=False)(*args)
-    return result, {entry["op"]: entry["reason"] for report in reports for entry in report.fallback_ops}
-
-
 def _check(fn, *args, tol=0.0):
-    result, fallbacks = _compiled(fn, *args)
-    torch.testing.assert_close(result, fn(*args), equal_nan=True, rtol=tol, atol=tol)
-    assert not fallbacks, fallbacks
+    check_compiled(fn, *args, rtol=tol, atol=tol)
 
 
 # ------------------------------------------------------------------------------------------------ angle, frexp
@@ -57,7 +46,7 @@ def test_empty_likes_keep_shape_dtype_and_strides():
     for fn in (lambda x: torch.empty_permuted((2, 3, 4), (0, 2, 1)),
                lambda x: x.new_empty_strided((2, 3), (1, 2)),
                lambda x: x.new_empty_strided((0, 3), (3, 1), dtype=torch.int32)):
-        result, fallbacks = _compiled(fn, torch.randn(2))
+        result, fallbacks = run_compiled(fn, torch.randn(2))
         expected = fn(torch.randn(2))
         assert (result.shape, result.dtype) == (expected.shape, expected.dtype)
         assert result.numel() == 0 or result.stride() == expected.stride()
@@ -86,7 +75,7 @@ def test_max_unpool_index_arithmetic_is_lowered(spatial):
 
 def test_an_index_sum_read_otherwise_stays_refused():
     big = torch.tensor([2**24 + 1, 5])
-    result, fallbacks = _compiled(lambda i: i + torch.arange(2), big)
+    result, fallbacks = run_compiled(lambda i: i + torch.arange(2), big)
     assert torch.equal(result, big + torch.arange(2))
     assert any("2**24" in reason for reason in fallbacks.values()), fallbacks
 
@@ -102,7 +91,7 @@ def test_modulo_of_any_int32_by_a_small_constant(dtype, divisor):
 
 def test_modulo_by_a_large_constant_of_a_wide_dividend_is_refused():
     x = torch.tensor([2**30 + 7, -5], dtype=torch.int32)
-    result, fallbacks = _compiled(lambda x: torch.remainder(x, 100003), x)
+    result, fallbacks = run_compiled(lambda x: torch.remainder(x, 100003), x)
     assert torch.equal(result, torch.remainder(x, 100003))
     assert any("2**22" in reason for reason in fallbacks.values()), fallbacks
 
@@ -165,6 +154,6 @@ def test_nonzero_static_lists_positions_then_fill(size):
 
 def test_long_nonzero_static_is_refused_with_a_reason():
     x = torch.ones(5000)
-    result, fallbacks = _compiled(lambda x: torch.nonzero_static(x, size=3), x)
+    result, fallbacks = run_compiled(lambda x: torch.nonzero_static(x, size=3), x)
     assert torch.equal(result, torch.nonzero_static(x, size=3))
     assert "more than 4096 positions (they are numbered by one cumsum)" in fallbacks["aten.nonzero_static.default"]

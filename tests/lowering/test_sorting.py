@@ -8,10 +8,10 @@ import math
 
 import pytest
 import torch
+from compiled import check_compiled
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from neuron_dynamo import counters
 from neuron_dynamo.lowering import sorting
 
 SETTINGS = settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
@@ -28,20 +28,8 @@ def _tied(shape, dtype=torch.float32, seed=0) -> torch.Tensor:
     return x.to(dtype)
 
 
-def _compiled(fn, *args):
-    """fn compiled on the simulator, its result, and the reasons of the ops that ran eagerly."""
-    torch._dynamo.reset()
-    with counters.collect_reports() as reports:
-        result = torch.compile(fn, backend="neuron", dynamic=False)(*args)
-    return result, {entry["op"]: entry["reason"] for report in reports for entry in report.fallback_ops}
-
-
 def _check(fn, *args, lowered=True):
-    result, fallbacks = _compiled(fn, *args)
-    torch.testing.assert_close(result, fn(*args), equal_nan=True, rtol=0, atol=0)
-    if lowered:
-        assert not fallbacks, fallbacks
-    return fallbacks
+    return check_compiled(fn, *args, rtol=0, atol=0, lowered=lowered)
 
 
 SHAPES = st.sampled_from([(), (1,), (5,), (3, 7), (4, 1, 6), (2, 17), (2, 3, 9)])

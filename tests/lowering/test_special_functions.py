@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from compiled import compile_static
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -31,13 +32,8 @@ UNARY = {
 UNIT_INTERVAL = {"erfinv": torch.erfinv, "ndtri": torch.special.ndtri}
 
 
-def _compiled(fn):
-    torch._dynamo.reset()
-    return torch.compile(fn, backend="neuron", dynamic=False)
-
-
 def _report(fn, *inputs):
-    return neuron_dynamo.explain(_compiled(fn), *inputs)
+    return neuron_dynamo.explain(compile_static(fn), *inputs)
 
 
 def _check(fn, *inputs, tol=1e-4):

@@ -9,16 +9,12 @@ import hypothesis.strategies as st
 import pytest
 import torch
 import torch.nn.functional as F
+from compiled import compile_static
 from hypothesis import given, settings
 
 import neuron_dynamo
 
 INT_TARGETS = (torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)
-
-
-def _compiled(fn):
-    torch._dynamo.reset()
-    return torch.compile(fn, backend="neuron", dynamic=False)
 
 
 def _in_range_for_torch(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -32,7 +28,7 @@ def _in_range_for_torch(values: torch.Tensor, dtype: torch.dtype) -> torch.Tenso
 def test_float_to_integer_casts_match_torch(values, dtype):
     x = _in_range_for_torch(torch.tensor(values, dtype=torch.float32), dtype)
     fn = lambda t: (t * 1.5).to(dtype)  # noqa: E731 - one fused region: multiply, then the cast
-    report = neuron_dynamo.explain(_compiled(fn), x)
+    report = neuron_dynamo.explain(compile_static(fn), x)
     assert torch.equal(report.output, fn(x))
     assert report.totals()["fallback_ops"] == 0  # the cast ran on the target, not eagerly
 
@@ -41,14 +37,14 @@ def test_float_to_integer_casts_match_torch(values, dtype):
 def test_integer_to_narrow_integer_casts_wrap_like_torch(dtype):
     x = torch.tensor([-70000, -300, -129, -1, 0, 1, 127, 128, 255, 256, 40000, 70000], dtype=torch.int32)
     fn = lambda t: (t + 1).to(dtype)  # noqa: E731
-    assert torch.equal(_compiled(fn)(x), fn(x))
+    assert torch.equal(compile_static(fn)(x), fn(x))
 
 
 def test_float_to_int64_runs_eagerly_with_a_reason():
     """int64 lives as int32 on the device: 1e10 would saturate, so the cast is not lowered."""
     x = torch.tensor([-2.7, 2.7, 1e10])
     fn = lambda t: (t * 1.0).long()  # noqa: E731
-    report = neuron_dynamo.explain(_compiled(fn), x)
+    report = neuron_dynamo.explain(compile_static(fn), x)
     assert torch.equal(report.output, fn(x))
     reasons = [entry["reason"] for graph in report.graphs for entry in graph.fallback_ops]
     assert any("int64" in reason for reason in reasons)
@@ -57,7 +53,7 @@ def test_float_to_int64_runs_eagerly_with_a_reason():
 def test_minus_infinity_constants_stay_infinite():
     x = torch.randn(4, 6)
     fn = lambda t: torch.where(t > 0, t, float("-inf")).exp() * 0.0 + torch.full_like(t, float("-inf")).isinf()  # noqa: E731
-    torch.testing.assert_close(_compiled(fn)(x), fn(x), equal_nan=True)
+    torch.testing.assert_close(compile_static(fn)(x), fn(x), equal_nan=True)
 
 
 def test_sdpa_query_with_no_key_to_attend_gives_zero_and_no_gradient():
@@ -67,7 +63,7 @@ def test_sdpa_query_with_no_key_to_attend_gives_zero_and_no_gradient():
     fn = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # noqa: E731
     results = []
     neuron_dynamo.reset_stats()
-    for run in (fn, _compiled(fn)):
+    for run in (fn, compile_static(fn)):
         q, k, v = (torch.randn(1, 2, 6, 8, generator=torch.Generator().manual_seed(i), requires_grad=True)
                    for i in range(3))
         out = run(q, k, v)
@@ -82,7 +78,7 @@ def test_integer_constant_beyond_int32_runs_eagerly_with_a_reason():
     """Reformer masks int64 buckets with iinfo(int64).min: the device's 32-bit integers cannot hold it."""
     x = torch.arange(6).reshape(2, 3)
     fn = lambda t: (t * 2).masked_fill(t > 2, torch.iinfo(torch.int64).min)  # noqa: E731
-    report = neuron_dynamo.explain(_compiled(fn), x)
+    report = neuron_dynamo.explain(compile_static(fn), x)
     assert torch.equal(report.output, fn(x))
     reasons = [entry["reason"] for graph in report.graphs for entry in graph.fallback_ops]
     assert any("beyond int32" in reason for reason in reasons)
