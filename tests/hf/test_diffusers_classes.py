@@ -121,12 +121,7 @@ NOT_COVERED: dict[str, str] = {
 }
 
 # Classes the backend fails on, with the exact error; each runs as a strict xfail, so a fix shows up as a failure here.
-KNOWN_FAILURES: dict[str, str] = {
-    # Bucketing refuses the dynamic graph Dynamo makes for the main layers (`aten.view_as_complex` in RoPE has no
-    # padding rule), so it runs at exact shapes; on the second call Dynamo sends the noise refiner's shorter sequence
-    # to that graph, and the backend compiles a program for it (a third call compiles nothing).
-    "ZImageTransformer2DModel": "AssertionError: the second call compiled a program",
-}
+KNOWN_FAILURES: dict[str, str] = {}
 ALL_CASES: dict[str, Case] = {**CASES, **DEFAULT_TARGET_CASES}
 
 

@@ -7,8 +7,7 @@ decode step runs the one bucket program, whatever its position. Batch 2 runs in 
 changes makes the batch dim dynamic, bucketed like a length: see the README's Generation section).
 
 Each test compiles several Dynamo graphs, so the model x path x batch grid is covered in part: the static path on
-tiny Llama at prompt lengths 5, 17, 40 is `examples/generate_static_cache.py` (run by tests/test_examples.py), and
-`tests/hf/test_models.py` has the README's one-call static-cache check.
+tiny Llama at prompt lengths 5, 17, 40 is also `examples/generate_static_cache.py` (run by tests/test_examples.py).
 """
 
 import copy

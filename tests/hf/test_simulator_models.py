@@ -64,6 +64,7 @@ def test_training_step_on_the_simulator_matches_eager(model_case):
     twin = copy.deepcopy(model)
     ids = torch.randint(0, VOCAB, (2, 12))
     compiled_loss = torch.compile(loss_fn, backend="neuron", options=SIMULATOR)
+    neuron_dynamo.reset_stats()
     losses = []
     with neuron_dynamo.counters.collect_reports() as reports:
         for net, run in ((model, compiled_loss), (twin, loss_fn)):
@@ -76,6 +77,8 @@ def test_training_step_on_the_simulator_matches_eager(model_case):
     for (param_name, ours), theirs in zip(model.named_parameters(), twin.parameters(), strict=True):
         torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4, msg=lambda m, n=param_name: f"{n}: {m}")
     assert {graph.kind for graph in reports} == {"forward", "backward"}
+    stats = neuron_dynamo.stats()
+    assert stats["graphs_compiled.forward"] == stats["graphs_compiled.backward"] == 1
     for graph in reports:
         assert_coverage(graph)
 

@@ -65,7 +65,7 @@ V = 24  # rows of the id tables (ids are in [0, V))
 MAX_LEN = 300  # longest input length
 POS_ROWS = 640  # rows of the position table: more than any length a program reaches (its bucket may be larger)
 BOUNDARIES = (1, 2, 127, 128, 129, 255, 256, 257)
-DEFAULT_EXAMPLES = 48
+DEFAULT_EXAMPLES = 32
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 2e-2}
 DTYPE_NAMES = {torch.float32: "torch.float32", torch.bfloat16: "torch.bfloat16", torch.float16: "torch.float16"}
 

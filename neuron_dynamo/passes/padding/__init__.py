@@ -29,7 +29,12 @@ Rules, over a padded dim (`mask` = the analysis inserts `masked_fill(pad region,
 |   | an integer `//`, `%`, fmod, div(rounding_mode) masks the divisor's pad to 1 (eager raises on 0) |
 | view, reshape, (un)squeeze | safe while the padded dim stays a dim; a merge with other dims is followed as a |
 |   | *merged* dim (padding interleaved), which only element-wise ops, matmul, reductions, softmax, norms |
-|   | and scatters may consume; a split must cut at factor boundaries |
+|   | and scatters may consume; a split must cut at factor boundaries (a tail-padded product `2*s`, the merge |
+|   | of `[s, 2]` with `s` outermost, splits back as `[s, 2]` only) |
+| view_as_complex, view_as_real | safe: the dims keep their padding (the size-2 real/imaginary pair dim is static, |
+|   | never padded; a padded dim split into pairs is refused by the view rule). A complex pad kind is `kind + 0j`; |
+|   | each part of a -inf pad: UNKNOWN. _conj, resolve_conj, resolve_neg, real, imag, complex, polar: element-wise; |
+|   | on complex numbers only neg, conj and the parts are bounded (tanh has poles there, sin and cos grow like sinh) |
 | permute, transpose, expand | dims follow; a broadcast to a padded size fills the pad with real data (UNKNOWN) |
 | slice, narrow, select | constant start >= 0: safe. A tail slice `x[:, -k:]` (the last position's logits): read |
 |   | at the real end (a gather). Other starts counted from the end (`x[:, -1]`): refuse. A start, |
@@ -82,6 +87,7 @@ length of its bucket.
 
 from neuron_dynamo.passes.padding import (  # noqa: F401 - register the rules
     collective_rules,
+    complex_rules,
     compute_rules,
     indexing_rules,
     shape_rules,

@@ -15,6 +15,7 @@ from torch.fx.operator_schemas import normalize_function
 
 from neuron_dynamo.passes.padding.state import (
     _BOUNDED,
+    _BOUNDED_COMPLEX,
     _CASTS,
     _EXACT,
     _IDENTITY_BOUND,
@@ -594,14 +595,16 @@ class Analysis:
             branches = [kinds.get(a) if isinstance(a, fx.Node) else _classify_scalar(a) for a in node.args[1:]]
             if branches[0] == branches[1] and branches[0] is not None:
                 return branches[0]
-        if dtype is not None and (dtype == torch.bool or not dtype.is_floating_point):
+        if dtype is not None and (dtype == torch.bool or not (dtype.is_floating_point or dtype.is_complex)):
             return Pad.FINITE
         values = list(kinds.values())
         if name == "aten.mul" and Pad.ZERO in values and all(k in SAFE_IN_PRODUCTS for k in values):
             return Pad.ZERO
-        if name in _CASTS and dtype in (torch.float32, torch.float64, torch.bfloat16):
+        if name in _CASTS and dtype in _KIND_KEEPING_CASTS:
             return values[0] if values and values[0] is not None else Pad.UNKNOWN
-        if name in _BOUNDED and values and all(k in SAFE_IN_PRODUCTS for k in values):
+        complex_involved = any(_dtype(a) is not None and _dtype(a).is_complex for a in (node, *kinds))
+        bounded = _BOUNDED_COMPLEX if complex_involved else _BOUNDED
+        if name in bounded and values and all(k in SAFE_IN_PRODUCTS for k in values):
             return Pad.FINITE
         return Pad.UNKNOWN
 
@@ -614,6 +617,8 @@ class Analysis:
         return self._unpadded_outputs(node)
 
 
+# Casts to these keep the pad kind (a complex kind is `kind + 0j`: real <-> complex casts keep it too).
+_KIND_KEEPING_CASTS = (torch.float32, torch.float64, torch.bfloat16, torch.complex64, torch.complex128)
 _INTEGER_DIVISIONS = ("aten.div", "aten.floor_divide", "aten.remainder", "aten.fmod")
 
 

@@ -71,6 +71,17 @@ def _view_groups(src: list[sympy.Expr], dst: list[sympy.Expr]) -> list[tuple[lis
     return groups
 
 
+def _split_tail(self: Analysis, padded: DimPad) -> tuple[sympy.Expr, ...]:
+    """A tail-padded product `2*s` (a merge of [s, 2] whose only padded factor is outermost) as its factors, the padded
+    one first: its real region `[0, 2*s(real))` is that of [s, 2], so it may be viewed back as [..., s, 2, ...]
+    (`x @ w` of a [b, s, 2, 8] input). With more than one padded factor it stays whole."""
+    if not padded.is_tail or not isinstance(padded.expr, sympy.Mul):
+        return padded.factors
+    inner = [f for f in padded.expr.args if not self.is_padded(f)]
+    outer = [f for f in padded.expr.args if self.is_padded(f)]
+    return tuple(outer + inner) if len(outer) == 1 else padded.factors
+
+
 @rule(aten.view, aten._unsafe_view, aten.reshape, aten.view_copy, aten.squeeze, aten.unsqueeze, aten.flatten,
        aten.unflatten, aten._reshape_alias, aten.squeeze_copy, aten.unsqueeze_copy, merge_aware=True)  # fmt: skip
 def _view(self: Analysis, node: fx.Node):
@@ -87,7 +98,7 @@ def _view(self: Analysis, node: fx.Node):
         factors, kinds = [], []
         for i in gi:
             padded = state.dims[i]
-            factors.extend(padded.factors if padded is not None else (src[i],))
+            factors.extend(_split_tail(self, padded) if padded is not None else (src[i],))
             if padded is not None:
                 kinds.append(padded.kind)
         if not kinds:

@@ -135,7 +135,12 @@ def _op_name(target) -> str:
 
 
 def _classify(value: torch.Tensor) -> Pad:
-    """The kind of a 0-d tensor computed from exact pad values."""
+    """The kind of a 0-d tensor computed from exact pad values. A complex kind is the value `kind + 0j` (ZERO is
+    `0+0j`, NEG_INF `-inf+0j`), FINITE has both parts finite: casts between real and complex keep the kind."""
+    if value.dtype.is_complex:
+        if float(value.imag) == 0:
+            return _classify(value.real)
+        return Pad.FINITE if bool(torch.isfinite(value)) else Pad.UNKNOWN
     if value.dtype == torch.bool or not value.dtype.is_floating_point:
         return Pad.ZERO if int(value) == 0 else Pad.FINITE
     number = float(value)
@@ -154,7 +159,7 @@ def _fill_for(dtype: torch.dtype, value: float):
     """`value` representable in `dtype` (+-inf become the integer extremes, booleans their identity)."""
     if dtype == torch.bool:
         return bool(value)
-    if dtype.is_floating_point:
+    if dtype.is_floating_point or dtype.is_complex:
         return value
     info = torch.iinfo(dtype)
     if value == -math.inf:
@@ -170,6 +175,11 @@ _BOUNDED = {
     "aten.silu", "aten.gelu", "aten.sign", "aten.floor", "aten.ceil", "aten.round", "aten.trunc", "aten.clone",
     "aten.hardtanh", "aten.leaky_relu", "aten.maximum", "aten.minimum", "aten.alias", "aten.detach",
     "aten.lift_fresh_copy", "aten.contiguous",
+}  # fmt: skip
+# The bounded ops that stay bounded on complex numbers (tanh, sigmoid have poles there, sin and cos grow like sinh).
+_BOUNDED_COMPLEX = {
+    "aten.neg", "aten.clone", "aten.alias", "aten.detach", "aten.lift_fresh_copy", "aten.contiguous", "aten._conj",
+    "aten.conj_physical", "aten.resolve_conj", "aten.resolve_neg", "aten._neg_view", "aten.real", "aten.imag",
 }  # fmt: skip
 _CASTS = {"aten._to_copy", "prims.convert_element_type", "aten.to"}
 _IDENTITY_BOUND = {"aten.clone", "aten.alias", "aten.detach", "aten._to_copy", "prims.convert_element_type",
