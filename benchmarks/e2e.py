@@ -14,6 +14,8 @@ target="simulator", persistent compile cache off so every run compiles), each in
   interpreter, so its wall time says nothing about Trainium);
 * estimated device time per step: the cost model's sum over the kernels of one step (simulator only; an
   estimate for trn2, not a measurement);
+* kernel launches per steady step (simulator only): each is one NKI kernel run on the interpreter, so the steady
+  wall time is about launches x the time per launch plus the backend's glue around them;
 * backend overhead ratio: (first call - steady call) of the neuron backend over the same for aot_eager. The issue's
   goal: the backend's own work adds at most 1x aot_eager's, so the ratio stays ≤ 2;
 * steady ratio: the steady wall time over aot_eager's. On a shared machine torch's thread pool makes aot_eager's
@@ -81,15 +83,18 @@ def measure(mode: str, way: str, ids: torch.Tensor, repeat: int, threads: int) -
     start = time.perf_counter()
     step(run, model, ids)
     first = time.perf_counter() - start
-    device_ns = neuron_dynamo.stats().get("estimated_device_ns", 0.0)
+    first_stats = neuron_dynamo.stats()
     times = []
     for _ in range(repeat):
         start = time.perf_counter()
         step(run, model, ids)
         times.append(time.perf_counter() - start)
+    launched = neuron_dynamo.stats().get("kernels_launched", 0) - first_stats.get("kernels_launched", 0)
+    simulated = way == "simulator"
     return {"mode": mode, "way": way, "first_output_s": first, "steady_s": statistics.median(times),
-            "estimated_device_us": device_ns / 1e3 if way == "simulator" else None,
-            "compile_s": neuron_dynamo.stats().get("compile_seconds", 0.0)}
+            "estimated_device_us": first_stats.get("estimated_device_ns", 0.0) / 1e3 if simulated else None,
+            "launches_per_step": launched / repeat if simulated else None,
+            "compile_s": first_stats.get("compile_seconds", 0.0)}
 
 
 def main() -> None:
@@ -123,10 +128,12 @@ def main() -> None:
         print(json.dumps({"model": "tiny llama (2 layers, hidden 64)", "batch": args.batch, "seq": args.seq,
                           "threads": args.threads or torch.get_num_threads(), "rows": rows}, indent=2))
         return
-    header = ("mode", "way", "first output s", "steady s", "est. device us", "overhead ratio", "steady ratio")
+    header = ("mode", "way", "first output s", "steady s", "est. device us", "launches/step", "overhead ratio",
+              "steady ratio")
     table = [header] + [
         (row["mode"], row["way"], f"{row['first_output_s']:.3f}", f"{row['steady_s']:.4f}",
          "-" if row["estimated_device_us"] is None else f"{row['estimated_device_us']:.1f}",
+         "-" if row["launches_per_step"] is None else f"{row['launches_per_step']:.0f}",
          _ratio(row.get("overhead_ratio_vs_aot_eager")), _ratio(row.get("steady_ratio_vs_aot_eager")))
         for row in rows
     ]

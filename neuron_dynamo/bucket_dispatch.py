@@ -39,7 +39,7 @@ from neuron_dynamo.passes.bucketing import BucketConfig, BucketingError, BucketP
 from neuron_dynamo.passes.canonical import canonical_graph_text
 from neuron_dynamo.passes.padding import PaddingProof, graph_outputs, prove_padding
 from neuron_dynamo.passes.specialize import SpecializationError, StaticGraph, evaluate, generalize, specialize
-from neuron_dynamo.program_cache import forget_stored_programs, has_stored_program
+from neuron_dynamo.program_cache import forget_stored_programs, has_stored_program, may_have_stored_program
 
 log = logging.getLogger("neuron_dynamo.bucket_dispatch")
 
@@ -355,11 +355,18 @@ class BucketedGraph:
             return False
         if self._key(real, padded=False) in self._programs:
             return True
+        if not may_have_stored_program(self._layout_at(real)):  # most calls: no need to specialise the graph
+            return False
         try:
             static = specialize(self.gm, real)
         except SpecializationError:
             return False
         return has_stored_program(static.gm, static.example_inputs)
+
+    def _layout_at(self, sizes: Mapping[sympy.Symbol, int]) -> tuple:
+        """The `input_layout` of the graph specialised at `sizes` (`specialize` makes its inputs this way)."""
+        return tuple(((), torch.int64) if value is None else (_shape_at(value, sizes), value.dtype)
+                     for value in self._values if value is None or isinstance(value, torch.Tensor))
 
     def _key(self, sizes: Mapping[sympy.Symbol, int], padded: bool) -> tuple:
         return ("bucket" if padded else "exact", *(sizes[s] for s in self.plan.symbols),
@@ -475,6 +482,10 @@ def _shown(sizes: tuple[tuple[sympy.Symbol, int], ...]) -> str:
 @functools.cache
 def _names(symbols: tuple[sympy.Symbol, ...]) -> tuple[str, ...]:
     return tuple(map(str, symbols))
+
+
+def _shape_at(value: torch.Tensor, sizes: Mapping[sympy.Symbol, int]) -> tuple[int, ...]:
+    return tuple(evaluate(s.node.expr, sizes) if isinstance(s, torch.SymInt) else int(s) for s in value.shape)
 
 
 def _numel(shape: Sequence[int]) -> int:

@@ -135,11 +135,13 @@ def structure_parts(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> dict[s
     return {"graph": hashlib.sha256(graph_text.encode()).hexdigest(), "inputs": input_signature(list(example_inputs))}
 
 
-def key_parts(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Options, target: Any) -> dict[str, Any]:
-    """Everything that changes the artifact of compiling `gm` at the shapes of `example_inputs`."""
+def key_parts(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Options, target: Any,
+              structure: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Everything that changes the artifact of compiling `gm` at the shapes of `example_inputs` (`structure`: its
+    `structure_parts`, when the caller has them already)."""
     return {
         "format": PROGRAM_FORMAT,
-        **structure_parts(gm, example_inputs),
+        **(structure or structure_parts(gm, example_inputs)),
         "options": codegen_options(options),
         "target": target_facts(target),
         "environment": {name: os.environ.get(name, "") for name in KEY_ENVIRONMENT},

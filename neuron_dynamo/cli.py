@@ -1,12 +1,15 @@
 """`neuron-precompile`: fill the compile cache ahead of time, and look after it.
 
     neuron-precompile warm MODEL --batch-sizes 1,4 --seq-lens 128,512 [--train] [--workers 2]
+    torchrun --nproc-per-node=2 -m neuron_dynamo.cli warm MODEL_DIR --tp-size 2 --seq-lens 128,512
     neuron-precompile ls | verify | prune --max-size 20G --older-than 30d | clear-locks
 
 `warm` compiles by *running* the model under the same backend, options and cache directory as the real run, so the
 keys it stores are the keys the run looks up (the failure optimum-neuron #157/#271 describe is a warm-up tool with
 its own key function). What to compile is `precompile.plan`; the runs are spread over `--workers` processes, and
-the per-key lock makes processes that need one program compile it once.
+the per-key lock makes processes that need one program compile it once. Under torchrun with `--tp-size`, each rank
+loads its shard of a tensor-parallel model and runs the whole plan in step with the others (`precompile.
+tensor_parallel_rank`); rank 0 shows the progress and the result, merged over the ranks.
 """
 
 from __future__ import annotations
@@ -33,11 +36,15 @@ from neuron_dynamo.precompile import (
     Run,
     Task,
     directory_kind,
+    gather_ranks,
     load_model,
+    merge_ranks,
     plan,
+    process_group,
     record,
     run_plan,
     share,
+    tensor_parallel_rank,
 )
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -152,8 +159,14 @@ def build_parser() -> argparse.ArgumentParser:
                       help="for a Hugging Face directory: build the model from its config with random weights "
                       "(the default when the directory holds no weights)")
     warm.add_argument("--workers", type=int, default=1, help="processes compiling in parallel (default 1)")
+    warm.add_argument("--tp-size", type=int, metavar="N", help="warm a tensor-parallel model: run under `torchrun "
+                      "--nproc-per-node=N -m neuron_dynamo.cli warm DIR --tp-size N`; each rank loads the "
+                      "Transformers directory with from_pretrained(DIR, distributed_config=DistributedConfig("
+                      "tp_size=N)) and compiles its own shard's graphs; rank 0 prints the progress, the result and "
+                      "the summary, merged over the ranks")
     warm.add_argument("--summary", type=Path, help="write a JSON summary of the run to this file: the settings, "
-                      "per shape its status, programs compiled and already cached, seconds and error, and the totals")
+                      "per shape its status, programs compiled and already cached, seconds and error, and the totals "
+                      "(with --tp-size: summed over the ranks, and each rank's own under `ranks`)")
 
     ls = commands.add_parser("ls", help="list the entries: size, age, last use, target, model, shapes",
                              description="List the cache entries, least recently used first.")
@@ -180,25 +193,29 @@ class Progress:
     """Shapes done / remaining / failed, what was compiled or found cached, and compile locks other processes hold:
     on one refreshed line on a terminal, a line per change otherwise; always on stderr (stdout is the result)."""
 
-    def __init__(self, tasks: list[Task], calls: int, cache: CompileCache, stream: Any = None) -> None:
+    def __init__(self, tasks: list[Task], calls: int, cache: CompileCache, stream: Any = None,
+                 rank: int | None = None) -> None:
         self.tasks, self.calls, self.called = tasks, calls, 0
         self.cache, self.stream = cache, stream or sys.stderr
+        self.shown, self.prefix = not rank, "" if rank is None else f"rank {rank}: "  # under torchrun: rank 0 only
         self.tty = self.stream.isatty()
 
     def update(self, called: int = 0) -> None:
         self.called += called
+        if not self.shown:
+            return
         done = sum(task.status == "done" for task in self.tasks)
         failed = sum(task.status == "failed" and task.calls == 0 for task in self.tasks)
         width = 24
         bar = "#" * (width * self.called // max(self.calls, 1))
-        line = (f"[{bar:<{width}}] done {done} / remaining {len(self.tasks) - done - failed} / "
+        line = (f"{self.prefix}[{bar:<{width}}] done {done} / remaining {len(self.tasks) - done - failed} / "
                 f"locked {len(self.cache.locks())} / failed {failed} | compiled {_total(self.tasks, 'compiled')}, "
                 f"already cached {_total(self.tasks, 'cached')}")
         self.stream.write(f"\r{line}\x1b[K" if self.tty else f"{line}\n")  # [K: clear what a longer line left
         self.stream.flush()
 
     def close(self) -> None:
-        if self.tty:
+        if self.tty and self.shown:
             self.stream.write("\n")
 
 
@@ -239,22 +256,31 @@ def warm(ns: argparse.Namespace, root: Path) -> int:
         )
     if ns.workers < 1:
         raise PrecompileError("--workers must be at least 1")
-    if ns.summary is not None:
+    rank = tensor_parallel_rank(ns.model, ns.tp_size, ns.workers, ns.random_weights)  # None: not under torchrun
+    if ns.summary is not None and not rank:  # only rank 0 writes it
         check_summary_path(ns.summary)
     check_size_flags(ns, directory_kind(ns.model))
-    loaded = load_model(ns.model, ns.random_weights, tuple(ns.inputs), ns.text_len)  # before any worker starts
-    check_size_flags(ns, loaded.sizes)
-    tasks = _tasks(ns, loaded)
     if resolved.cache_dir:  # -o cache_dir=... is where the compiles store: show and summarise that one
         root = Path(resolved.cache_dir).expanduser()
+    if rank is None:
+        return _warm(ns, root, options, rank)
+    with process_group():
+        return _warm(ns, root, options, rank)
+
+
+def _warm(ns: argparse.Namespace, root: Path, options: dict[str, str], rank: int | None) -> int:
+    """Load, plan and run; then report (rank 0 of a tensor-parallel warm reports for all ranks)."""
+    loaded = load_model(ns.model, ns.random_weights, tuple(ns.inputs), ns.text_len, ns.tp_size)  # before any worker
+    check_size_flags(ns, loaded.sizes)
+    tasks = _tasks(ns, loaded)
     cache = CompileCache(root=root)  # created only now, once the arguments are known to be usable
     runs = plan(tasks, ns.dynamic, ns.train)
     for run in runs:
         for index in run.tasks:
             tasks[index].calls += 1
     settings = {"options": options, "dtype": ns.dtype, "dynamic": ns.dynamic, "random_weights": ns.random_weights,
-                "inputs": tuple(ns.inputs), "text_len": ns.text_len}
-    progress = Progress(tasks, sum(len(run.tasks) for run in runs), cache)
+                "inputs": tuple(ns.inputs), "text_len": ns.text_len, "tp_size": ns.tp_size}
+    progress = Progress(tasks, sum(len(run.tasks) for run in runs), cache, rank=rank)
     progress.update()
     start = time.perf_counter()
 
@@ -267,9 +293,23 @@ def warm(ns: argparse.Namespace, root: Path) -> int:
     for task in tasks:
         if task.status == "pending":
             task.status, task.error = "failed", task.error or "the worker stopped before finishing it"
-    summary = _summary(ns, cache, options, tasks, runs, errors, time.perf_counter() - start)
+    per_rank = None if rank is None else gather_ranks(tasks)
+    if per_rank is not None:
+        tasks = merge_ranks(per_rank)
+    summary = _summary(ns, cache, options, tasks, runs, errors, time.perf_counter() - start, per_rank)
     totals = summary["totals"]
-    print(f"warmed {totals['done']}/{len(tasks)} shape(s) of {ns.model} in {summary['seconds']:.1f} s "
+    if not rank:  # rank 0 of a tensor-parallel warm speaks for all ranks
+        _print_result(ns, summary, tasks, runs, errors)
+        if ns.summary:
+            ns.summary.expanduser().write_text(json.dumps(summary, indent=2))
+    return 1 if totals["failed"] or errors else 0
+
+
+def _print_result(ns: argparse.Namespace, summary: dict[str, Any], tasks: list[Task], runs: list[Run],
+                  errors: list[str]) -> None:
+    totals = summary["totals"]
+    ranks = f" on {ns.tp_size} ranks" if ns.tp_size else ""
+    print(f"warmed {totals['done']}/{len(tasks)} shape(s) of {ns.model}{ranks} in {summary['seconds']:.1f} s "
           f"({len(runs)} compile run(s), {totals['calls']} calls): {totals['compiled']} compiled, "
           f"{totals['cached']} already cached, {totals['not_storable']} not storable, {totals['failed']} failed")
     for task in tasks:
@@ -277,9 +317,6 @@ def warm(ns: argparse.Namespace, root: Path) -> int:
               + (f": {task.error}" if task.error else ""))
     for error in errors:
         print(f"  worker error: {error}")
-    if ns.summary:
-        ns.summary.expanduser().write_text(json.dumps(summary, indent=2))
-    return 1 if totals["failed"] or errors else 0
 
 
 def check_size_flags(ns: argparse.Namespace, kind: str | None) -> None:
@@ -344,7 +381,8 @@ def _execute(spec: str, loaded: Loaded, tasks: list[Task], runs: list[Run], sett
 
 def _worker(spec: str, tasks: list[Task], runs: list[Run], settings: dict[str, Any], queue: Any) -> None:
     try:
-        loaded = load_model(spec, settings["random_weights"], settings["inputs"], settings["text_len"])
+        loaded = load_model(spec, settings["random_weights"], settings["inputs"], settings["text_len"],
+                            settings["tp_size"])
         run_plan(loaded, tasks, runs, settings, lambda event: queue.put(("call", event)))
     except BaseException as exc:  # the parent reports it; a worker must always say it is finished
         queue.put(("error", f"{type(exc).__name__}: {exc}"))
@@ -354,15 +392,18 @@ def _worker(spec: str, tasks: list[Task], runs: list[Run], settings: dict[str, A
 
 
 def _summary(ns: argparse.Namespace, cache: CompileCache, options: dict[str, str], tasks: list[Task],
-             runs: list[Run], errors: list[str], seconds: float) -> dict[str, Any]:
-    """The JSON summary: the settings, one entry per shape, and the totals."""
+             runs: list[Run], errors: list[str], seconds: float,
+             per_rank: list[list[Task]] | None = None) -> dict[str, Any]:
+    """The JSON summary: the settings, one entry per shape, and the totals; with tensor parallel, `tasks` and
+    `totals` are summed over the ranks and `ranks` holds each rank's own tasks."""
     totals = {"shapes": len(tasks), "done": sum(task.status == "done" for task in tasks),
               "failed": sum(task.status == "failed" for task in tasks), "runs": len(runs),
               "calls": sum(len(run.tasks) for run in runs),
               **{counter: _total(tasks, counter) for counter in ("compiled", "cached", "not_storable")}}
+    ranks = {} if per_rank is None else {"ranks": [[task.summary() for task in shard] for shard in per_rank]}
     return {"model": ns.model, "cache_dir": str(cache.root), "options": options, "dtype": ns.dtype, "train": ns.train,
-            "dynamic": ns.dynamic, "workers": ns.workers, "seconds": round(seconds, 3),
-            "tasks": [task.summary() for task in tasks], "totals": totals, "errors": errors}
+            "dynamic": ns.dynamic, "workers": ns.workers, "tp_size": ns.tp_size, "seconds": round(seconds, 3),
+            "tasks": [task.summary() for task in tasks], "totals": totals, "errors": errors, **ranks}
 
 
 # --------------------------------------------------------------------------------------------- maintenance

@@ -32,6 +32,11 @@ class _Layout:
     offset: Any
     view: bool  # made by a view op: never the one that owns the storage when another output can
 
+    @property
+    def symbolic(self) -> bool:
+        """Whether a size, stride or offset depends on the call's sizes."""
+        return any(isinstance(value, torch.SymInt) for value in (*self.size, *self.stride, self.offset))
+
     def at(self, sizes: dict) -> tuple[list[int], list[int], int]:
         """Size, stride and storage offset at this call's sizes."""
         concrete = lambda value: evaluate(value.node.expr, sizes) if isinstance(value, torch.SymInt) else int(value)  # noqa: E731
@@ -61,38 +66,55 @@ class EagerLayout:
     own, contiguous: the same values and in-place behaviour, and the next block's input does not carry the parent's
     strides, which Dynamo would guard on (a recompile per block). Outputs aliasing an input are left as they are
     (AOTAutograd's to regenerate).
+
+    Which outputs share eager's storages, and how they overlap, depends on the sizes only: it is worked out once per
+    set of sizes (once for a static graph), so a call only checks the tensors the kernels handed back.
     """
 
     def __init__(self, compiled: Any, gm: fx.GraphModule) -> None:
         self.compiled = compiled
         self.groups = eager_aliases(gm)
         self._placeholders = [node.meta.get("val") for node in gm.graph.nodes if node.op == "placeholder"]
+        self._grouped = frozenset(layout.position for group in self.groups for layout in group)
+        self._symbolic = any(layout.symbolic for group in self.groups for layout in group)
+        self._overlaps: dict[tuple, list[list[tuple]]] = {}
         self._boxed_call = True
 
     def __call__(self, args: list[Any]) -> Any:
-        sizes = _symbol_values(self._placeholders, args) if self.groups else {}
+        overlaps = self._overlaps_at(args) if self.groups else ()
         inputs = {arg.untyped_storage()._cdata for arg in args if isinstance(arg, torch.Tensor)}
         results = self.compiled(args)
         if not isinstance(results, (list, tuple)):
             return results
         outputs = list(results)
-        grouped = {layout.position for group in self.groups for layout in group}
-        storages = Counter(out.untyped_storage()._cdata for out in outputs if isinstance(out, torch.Tensor))
-        for position, out in enumerate(outputs):
-            if position in grouped or not isinstance(out, torch.Tensor):
+        storages = [out.untyped_storage()._cdata if isinstance(out, torch.Tensor) else None for out in outputs]
+        shared = Counter(storages)
+        grouped = self._grouped
+        for position, storage in enumerate(storages):
+            if storage is None or position in grouped or storage in inputs:
                 continue
-            storage = out.untyped_storage()._cdata
-            if storage not in inputs and (out._base is not None or storages[storage] > 1):
+            out = outputs[position]
+            if out._base is not None or shared[storage] > 1:
                 outputs[position] = out.clone(memory_format=torch.contiguous_format)
-        for group in self.groups:
-            owners_first = sorted(group, key=lambda layout: layout.view)
-            for overlapping in _overlapping([(layout.position, *layout.at(sizes)) for layout in owners_first]):
-                if len(overlapping) > 1:
-                    _share(outputs, overlapping)
-                elif outputs[overlapping[0][0]]._base is not None:  # a view of some buffer: a tensor of its own
-                    position = overlapping[0][0]
-                    outputs[position] = outputs[position].clone(memory_format=torch.contiguous_format)
+        for overlapping in overlaps:
+            if len(overlapping) > 1:
+                _share(outputs, overlapping)
+            elif outputs[overlapping[0][0]]._base is not None:  # a view of some buffer: a tensor of its own
+                position = overlapping[0][0]
+                outputs[position] = outputs[position].clone(memory_format=torch.contiguous_format)
         return type(results)(outputs) if isinstance(results, tuple) else outputs
+
+    def _overlaps_at(self, args: Sequence[Any]) -> list[list[tuple]]:
+        """The grouped outputs split into sets that overlap in memory at this call's sizes (owners first)."""
+        sizes = _symbol_values(self._placeholders, args) if self._symbolic else {}
+        key = tuple(sizes.items())
+        overlaps = self._overlaps.get(key)
+        if overlaps is None:
+            overlaps = self._overlaps[key] = [
+                overlapping for group in self.groups
+                for overlapping in _overlapping([(layout.position, *layout.at(sizes))
+                                                 for layout in sorted(group, key=lambda layout: layout.view)])]
+        return overlaps
 
 
 def _symbol_values(placeholders: list[Any], args: Sequence[Any]) -> dict:

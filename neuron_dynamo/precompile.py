@@ -9,6 +9,7 @@ cache counters are attributed to its shape, which is what the progress line and 
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import itertools
 import os
@@ -46,8 +47,9 @@ FACTORY_CONTRACT = ("a factory must return (model, make_inputs): the model (a to
 
 
 def load_model(spec: str, random_weights: bool = False, inputs: tuple[str, ...] = ("input_ids",),
-               text_len: int | None = None) -> Loaded:
-    """The model of a factory, a Transformers directory or a Diffusers model directory; errors say what to fix."""
+               text_len: int | None = None, tp_size: int | None = None) -> Loaded:
+    """The model of a factory, a Transformers directory or a Diffusers model directory; errors say what to fix.
+    With `tp_size` (under torchrun, see `tensor_parallel_rank`) a Transformers directory loads sharded."""
     path = Path(spec).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -56,7 +58,7 @@ def load_model(spec: str, random_weights: bool = False, inputs: tuple[str, ...] 
                                   "`package.module:factory`")
         if _diffusers_class_name(path):
             return _load_diffusers(path, random_weights, text_len)
-        return _load_transformers(path, random_weights, inputs)
+        return _load_transformers(path, random_weights, inputs, tp_size)
     module_name, sep, factory_name = spec.partition(":")
     if not sep or not factory_name:
         looks_like_a_path = "/" in spec or spec.startswith(".")
@@ -125,7 +127,7 @@ def _build(path: Path, random_weights: bool, from_config: Callable[[], Any], fro
                               ) from exc
 
 
-def _load_transformers(path: Path, random_weights: bool, inputs: tuple[str, ...]) -> Loaded:
+def _load_transformers(path: Path, random_weights: bool, inputs: tuple[str, ...], tp_size: int | None) -> Loaded:
     import torch
 
     try:
@@ -147,7 +149,9 @@ def _load_transformers(path: Path, random_weights: bool, inputs: tuple[str, ...]
     if auto is None:
         auto = AutoModelForCausalLM if type(config) in AutoModelForCausalLM._model_mapping else AutoModel
     from_config = auto.from_config if hasattr(auto, "from_config") else auto  # an Auto class, or the saved class
-    model = _build(path, random_weights, lambda: from_config(config), lambda: auto.from_pretrained(path))
+    # As the real tensor-parallel run loads it: each rank builds its shard (tensor_parallel_rank checked the weights)
+    sharded = {"distributed_config": transformers.DistributedConfig(tp_size=tp_size)} if tp_size else {}
+    model = _build(path, random_weights, lambda: from_config(config), lambda: auto.from_pretrained(path, **sharded))
     causal = type(model) in AutoModelForCausalLM._model_mapping.values()
 
     def make_inputs(batch_size: int, seq_len: int) -> dict[str, Any]:
@@ -289,8 +293,9 @@ def plan(tasks: list[Task], dynamic: str, train: bool) -> list[Run]:
         sequences = [[i] for i in every]
     elif dynamic == "true":  # each shape as the first call: Dynamo traces the graph at it (see below)
         sequences = [[i] + [j for j in every if j != i] for i in every]
-    else:
-        sequences = [[i] for i in every] + list(_changing_sequences(tasks))
+    else:  # each shape as a first call, unless a changing sequence already starts with it (the same static graph)
+        changing = list(_changing_sequences(tasks))
+        sequences = [[i] for i in every if all(sequence[0] != i for sequence in changing)] + changing
     return [Run(mode, sequence) for mode in modes for sequence in sequences]
 
 
@@ -344,13 +349,17 @@ def run_plan(loaded: Loaded, tasks: list[Task], runs: list[Run], settings: dict[
     """Run `runs` in this process; `report` gets one event per call: the task, its counters, seconds and error."""
     import torch
 
+    from neuron_dynamo.bucket_dispatch import forget_generalized_graphs
     from neuron_dynamo.program_cache import labelled
 
     model = loaded.model.to(getattr(torch, settings["dtype"]))
     dynamic = DYNAMIC[settings["dynamic"]]
     with labelled(loaded.label):
         for run in runs:
-            torch._dynamo.reset()  # what a fresh process would compile, not what an earlier run left in Dynamo
+            # What a fresh process would compile, not what an earlier run left in Dynamo or in the backend (the
+            # programs a bucketed graph may take instead of compiling its bucket are those of this run only)
+            torch._dynamo.reset()
+            forget_generalized_graphs()
             compiled = torch.compile(model, backend="neuron_dynamo", options=dict(settings["options"]),
                                      dynamic=dynamic)
             model.train(run.train)
@@ -400,3 +409,76 @@ def share(runs: list[Run], tasks: list[Task], workers: int) -> list[list[Run]]:
         shares[least].append(run)
         loads[least] += len(run.tasks)
     return shares
+
+
+# ------------------------------------------------------------------------------------------- tensor parallel
+def tensor_parallel_rank(spec: str, tp_size: int | None, workers: int, random_weights: bool) -> int | None:
+    """This process's rank when warming a tensor-parallel model under torchrun (`--tp-size`), else None.
+
+    Each rank traces its own shard, and the shards' graphs differ (a vocab-parallel embedding bakes its rank's vocab
+    offset into the graph as constants), so every rank warms its own keys, running the same plan in step with the
+    others: the graphs' collectives need every rank. Refused here, before anything loads: a setting that would warm
+    graphs the real run never compiles."""
+    world = os.environ.get("WORLD_SIZE")
+    if tp_size is None:
+        if world is not None and int(world) > 1:
+            raise PrecompileError(f"this runs under torchrun (WORLD_SIZE={world}) without --tp-size, so every rank "
+                                  "would warm the same unsharded model: for a tensor-parallel model pass --tp-size "
+                                  f"{world}; otherwise run neuron-precompile without torchrun (--workers N spreads "
+                                  "the compiles over processes)")
+        return None
+    command = f"torchrun --nproc-per-node={tp_size} -m neuron_dynamo.cli warm {spec} --tp-size {tp_size} ..."
+    if world is None:
+        raise PrecompileError(f"--tp-size {tp_size} warms the graphs of {tp_size} ranks, one process each: run it "
+                              f"under torchrun, `{command}`")
+    if int(world) != tp_size:
+        raise PrecompileError(f"--tp-size {tp_size} does not match torchrun's world size {world}: the model is "
+                              f"sharded over all ranks; start `{command}`")
+    if workers != 1:
+        raise PrecompileError("--workers does not combine with --tp-size: under torchrun each rank is the worker "
+                              "that warms its own shard; drop --workers")
+    if directory_kind(spec) != "seq":
+        raise PrecompileError(f"--tp-size loads a Transformers model directory with DistributedConfig(tp_size=N), "
+                              f"and {spec} is not one; warm a directory written by save_pretrained()")
+    if random_weights or not _has_weights(Path(spec).expanduser()):
+        raise PrecompileError(f"--tp-size loads {spec} as the tensor-parallel run does, with from_pretrained(..., "
+                              "distributed_config=...), which needs its weights: "
+                              + ("drop --random-weights" if random_weights else "save them there with "
+                                 "save_pretrained()"))
+    return int(os.environ["RANK"])
+
+
+@contextlib.contextmanager
+def process_group() -> Iterator[None]:
+    """torch.distributed's default group over torchrun's ranks (gloo on CPU), as the real run has it."""
+    import torch.distributed as dist
+
+    dist.init_process_group()
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def gather_ranks(tasks: list[Task]) -> list[list[Task]]:
+    """Every rank's tasks, by rank (on every rank: all of them exit with the same status)."""
+    import torch.distributed as dist
+
+    per_rank: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(per_rank, tasks)
+    return per_rank
+
+
+def merge_ranks(per_rank: list[list[Task]]) -> list[Task]:
+    """One task per shape over all ranks: counters summed (each rank stores its own shard's programs), the slowest
+    rank's seconds, failed if it failed on any rank (with the first failed rank's error)."""
+    merged = []
+    for shards in zip(*per_rank, strict=True):
+        task = Task(shards[0].batch_size, shards[0].size, status="done", seconds=max(s.seconds for s in shards))
+        for rank, shard in enumerate(shards):
+            for counter in COUNTERS.values():
+                setattr(task, counter, getattr(task, counter) + getattr(shard, counter))
+            if shard.status != "done" and task.status == "done":
+                task.status, task.error = "failed", f"rank {rank}: {shard.error}"
+        merged.append(task)
+    return merged

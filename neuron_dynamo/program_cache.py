@@ -37,7 +37,7 @@ import torch.fx as fx
 
 from neuron_dynamo import counters
 from neuron_dynamo.cache import CacheEntry, CompileCache, default_cache_dir, make_key
-from neuron_dynamo.cache_key import PROGRAM_FORMAT, program_key, structure_parts
+from neuron_dynamo.cache_key import PROGRAM_FORMAT, key_parts, structure_parts
 from neuron_dynamo.errors import NeuronDynamoError
 from neuron_dynamo.lowering.artifact import decode_graph, encode_graph
 from neuron_dynamo.options import Options
@@ -154,6 +154,7 @@ _caches_lock = threading.Lock()
 _label = threading.local()
 # Programs this process stored in or loaded from a cache, by structure (graph and input layout, not options).
 _stored: dict[str, dict[str, CompileCache]] = {}  # structure -> {program key: its cache}
+_stored_layouts: set[tuple] = set()  # their `input_layout`s: known before a graph is specialised
 
 
 def cache_for(options: Options) -> CompileCache:
@@ -210,13 +211,15 @@ def cached_program(
         return build(), CacheOutcome("off" if cache.mode == "off" else "unusable")
     before = dataclasses.replace(cache.stats)
     start = time.perf_counter()
-    key = program_key(gm, example_inputs, options, target)
+    structure = structure_parts(gm, example_inputs)  # once: the graph's canonical text costs most of the key
+    key = make_key(key_parts(gm, example_inputs, options, target, structure))
     try:
         program, status, stored_seconds = _through_cache(cache, key, gm, options, target, build, wrap)
     finally:
         _publish(before, cache.stats)
     if status in ("hit", "miss"):
-        _stored.setdefault(make_key(structure_parts(gm, example_inputs)), {})[key] = cache
+        _stored.setdefault(make_key(structure), {})[key] = cache
+        _stored_layouts.add(input_layout(example_inputs))
     saved = max(0.0, stored_seconds - (time.perf_counter() - start)) if status == "hit" else 0.0
     counters.bump("cache.seconds_saved", saved)
     log.debug("compile cache %s for key %s… (%s)", status, key[:16], cache.root)
@@ -234,9 +237,22 @@ def has_stored_program(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> boo
     return any(cache.active and cache.get(key) is not None for key, cache in stored.items())
 
 
+def input_layout(example_inputs: Sequence[Any]) -> tuple:
+    """The shapes and dtypes of the tensor inputs, in order: equal for any two programs `has_stored_program` finds
+    equal, and known from a symbolic graph's input sizes without specialising it."""
+    return tuple((tuple(x.shape), x.dtype) for x in example_inputs if isinstance(x, torch.Tensor))
+
+
+def may_have_stored_program(layout: tuple) -> bool:
+    """False when no program this process stored has this `input_layout`: `has_stored_program` would say no, and
+    the graph need not be specialised to ask it."""
+    return layout in _stored_layouts
+
+
 def forget_stored_programs() -> None:
     """Forget which programs this process stored (`has_stored_program` then says no); for tests and long runs."""
     _stored.clear()
+    _stored_layouts.clear()
 
 
 def discard_program(options: Options, key: str, reason: str) -> None:

@@ -8,7 +8,6 @@ the compiled kernels, the fallback ops run with PyTorch, all in graph order.
 from __future__ import annotations
 
 import logging
-from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
@@ -84,28 +83,6 @@ class CompiledGraph:
         return program(*inputs)
 
 
-def owned_outputs(outputs: Any, inputs: Sequence[Any]) -> Any:
-    """The outputs, each a tensor of its own, as eager's aten graph returns them.
-
-    Kernels hand back views (a row of a [1, 1] buffer, a bucket output narrowed to the real size). AOTAutograd
-    passes such a view on as an output of its autograd Function, where an in-place op (Trainer's `loss *= scale`)
-    is forbidden, and a narrowed view saved for the backward is not contiguous, which some CPU kernels assume.
-    Views of an input stay: they are aliases AOTAutograd knows about; so do views sharing memory with another output
-    (laid out as eager's by `output_layout.EagerLayout`).
-    """
-    if not isinstance(outputs, (list, tuple)):
-        return outputs
-    storages = {arg.untyped_storage()._cdata for arg in inputs if isinstance(arg, torch.Tensor)}
-    shared = Counter(out.untyped_storage()._cdata for out in outputs if isinstance(out, torch.Tensor))
-    owned = [
-        out.clone(memory_format=torch.contiguous_format)
-        if isinstance(out, torch.Tensor) and out._base is not None
-        and out.untyped_storage()._cdata not in storages and shared[out.untyped_storage()._cdata] == 1 else out
-        for out in outputs
-    ]
-    return type(outputs)(owned) if isinstance(outputs, tuple) else owned
-
-
 class EagerFallback:
     """Runs a compiled graph, and the graph itself with PyTorch once the backend fails on it (compile or run).
 
@@ -115,6 +92,7 @@ class EagerFallback:
     user asked for (bad options, sizes beyond max_bucket, fallback="error"), and with `strict` every error is raised.
     An error that the eager graph raises as well (an integer division by zero in the inputs) is the inputs' fault,
     not the backend's: it reaches the user as eager's error, and the compiled graph stays in use.
+    `compiled` hands its outputs back as tensors of their own (`output_layout.EagerLayout`), as the graph does.
     """
 
     def __init__(
@@ -135,7 +113,7 @@ class EagerFallback:
         args.clear()
         if self.failure is None:
             try:
-                return owned_outputs(self.compiled(list(inputs)), inputs)
+                return self.compiled(list(inputs))
             except self.passthrough:
                 raise
             except Exception as exc:

@@ -12,25 +12,15 @@ import pytest
 from neuron_dynamo.cache import CompileCache, make_key
 from neuron_dynamo.cli import build_parser, main, parse_age, parse_size
 
-FACTORY = textwrap.dedent("""
-    import torch
-
-    def tiny_lm():
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Embedding(50, 16), torch.nn.Linear(16, 16), torch.nn.SiLU(),
-                                    torch.nn.LayerNorm(16), torch.nn.Linear(16, 50))
-        return model, lambda batch, seq: (torch.randint(0, 50, (batch, seq)),)
-""")
-
+# A user's run of a saved causal LM: built from its config, the lengths in the order given, compared with eager.
 RUN = textwrap.dedent("""
-    import json, sys, torch, neuron_dynamo
-    from tiny_models import tiny_lm
-    model, make_inputs = tiny_lm()
+    import json, sys, torch, transformers, neuron_dynamo
+    model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.from_pretrained(sys.argv[1])).eval()
     compiled = torch.compile(model, backend="neuron_dynamo", options={"target": "reference"})
-    for batch, seq in json.loads(sys.argv[1]):
-        inputs = make_inputs(batch, seq)
+    for seq in json.loads(sys.argv[2]):
+        ids = torch.randint(0, 64, (1, seq))
         with torch.no_grad():
-            torch.testing.assert_close(compiled(*inputs), model(*inputs))
+            torch.testing.assert_close(compiled(input_ids=ids).logits, model(input_ids=ids).logits)
     print(json.dumps({k: v for k, v in neuron_dynamo.stats().items() if k.startswith("cache.")}))
 """)
 
@@ -42,22 +32,32 @@ def run_python(code, *args, cwd):
     return result
 
 
-def test_warm_with_workers_then_a_fresh_run_has_no_miss(tmp_path, cache_dir, pinned_sources):
-    (tmp_path / "tiny_models.py").write_text(FACTORY)
-    warm = "import sys; from neuron_dynamo.cli import main; sys.exit(main(sys.argv[1:]))"
-    result = run_python(
-        warm, "warm", "tiny_models:tiny_lm", "--batch-sizes", "1,2", "--seq-lens", "8,24", "--workers", "2",
-        "-o", "target=reference", "--summary", str(tmp_path / "summary.json"), cwd=tmp_path,
-    )
-    assert "done 4 / remaining 0" in result.stderr
-    summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["totals"]["done"] == 4 and summary["totals"]["failed"] == 0, summary
-    assert summary["totals"]["compiled"] >= 4
-    assert {entry.meta["label"] for entry in CompileCache(root=cache_dir).entries()} == {"tiny_models:tiny_lm"}
+def save_tiny_gpt2(path):
+    """A config and no weights: warm and run build the model from it (weights are inputs, not in the keys). GPT-2
+    rather than Llama: Dynamo traces it faster."""
+    import transformers
 
-    # a real run: its first shape is a static graph, the next ones go through the dynamic graph and its buckets
-    stats = json.loads(run_python(RUN, "[[2, 24], [1, 8], [2, 8]]", cwd=tmp_path).stdout.strip().splitlines()[-1])
-    assert stats.get("cache.misses", 0) == 0 and stats["cache.hits"] >= 2
+    transformers.GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=2, n_positions=64, bos_token_id=0,
+                            eos_token_id=0).save_pretrained(path)
+
+
+def test_warm_with_workers_then_a_fresh_run_has_no_miss(tmp_path, cache_dir, pinned_sources, capsys):
+    """`--workers 2` on a causal LM directory under the default `--dynamic auto`: the plan's runs (one starting at
+    each length) go to two processes, each run compiling as a fresh process would; a fresh process calling the
+    lengths in another order afterwards compiles nothing."""
+    model_dir = tmp_path / "tiny-gpt2"
+    save_tiny_gpt2(model_dir)
+    assert main(["warm", str(model_dir), "--seq-lens", "8,16", "--workers", "2", "-o", "target=reference",
+                 "--summary", str(tmp_path / "summary.json")]) == 0  # the workers compile, with the pinned sources
+    assert "done 2 / remaining 0" in capsys.readouterr().err
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    totals = summary["totals"]
+    assert totals["done"] == 2 and totals["failed"] == 0 and totals["runs"] >= 2, summary
+    assert totals["compiled"] >= 3  # the static graph at each length, and the dynamic graph's bucket
+    assert len({entry.meta["label"] for entry in CompileCache(root=cache_dir).entries()}) == 1
+
+    stats = json.loads(run_python(RUN, str(model_dir), "[16, 8, 16]", cwd=tmp_path).stdout.strip().splitlines()[-1])
+    assert stats.get("cache.misses", 0) == 0 and stats["cache.hits"] >= 2, stats
 
 
 def test_help_documents_every_command_and_option(capsys):
@@ -69,7 +69,7 @@ def test_help_documents_every_command_and_option(capsys):
         assert command in top
     expected = {
         "warm": ("--seq-lens", "--batch-sizes", "--dtype", "--train", "--workers", "--summary", "--option",
-                 "--dynamic", "--random-weights", "module:factory", "Hugging Face"),
+                 "--dynamic", "--random-weights", "--tp-size", "module:factory", "Hugging Face"),
         "ls": ("--json",),
         "prune": ("--max-size", "--older-than"),
     }

@@ -25,10 +25,16 @@ from neuron_dynamo.lowering.registry import kernel_for, kernel_set, lowering_for
 from neuron_dynamo.toolchain.simulator import launch
 
 FUSED_FAMILIES = frozenset({"elementwise", "creation"})
+# The dtypes the device stores as another dtype (`codegen.to_device` narrows them): the only inputs to convert.
+STORED_AS_OTHER = frozenset(dtype for dtype, name in codegen.NKI_DTYPES.items() if str(dtype) != f"torch.{name}")
 
 
 class FusedKernel:
-    """One generated NKI kernel for a fused group, called with the group's input tensors (any broadcastable shape)."""
+    """One generated NKI kernel for a fused group, called with the group's input tensors (any broadcastable shape).
+
+    A region calls it with the same shapes again and again, so the per-call work is kept to what the arguments
+    need: an input of the group's shape is not expanded, a dtype the device stores as it is is not converted.
+    """
 
     def __init__(self, spec: GroupSpec, shape: Sequence[int]) -> None:
         self.spec = spec
@@ -40,11 +46,19 @@ class FusedKernel:
         self.rows, self.cols = codegen.plan_elementwise(self.shape)
 
     def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        if self.rows * self.cols == 0:
-            return tuple(torch.empty(self.shape, dtype=dtype) for dtype in self.out_dtypes)
-        args = [codegen.to_device(x.expand(self.shape)).reshape(self.rows, self.cols) for x in inputs]
-        outs = launch(self.kernel, *args, self.rows, self.cols)
-        return tuple(codegen.from_device(o.reshape(self.shape), d) for o, d in zip(outs, self.out_dtypes, strict=True))
+        shape, rows, cols = self.shape, self.rows, self.cols
+        if rows * cols == 0:
+            return tuple(torch.empty(shape, dtype=dtype) for dtype in self.out_dtypes)
+        args = []
+        for x in inputs:
+            if x.dtype in STORED_AS_OTHER:
+                x = codegen.to_device(x)  # the same values as on the expanded view, checked on fewer elements
+            if x.shape != shape:
+                x = x.expand(shape)
+            args.append(x.reshape(rows, cols))
+        outs = launch(self.kernel, *args, rows, cols)
+        return tuple([o.reshape(shape) if o.dtype is d else codegen.from_device(o.reshape(shape), d)
+                      for o, d in zip(outs, self.out_dtypes, strict=True)])
 
     def __repr__(self) -> str:
         return f"FusedKernel({self.__name__}, {len(self.spec.steps)} ops, shape={list(self.shape)})"

@@ -9,6 +9,7 @@ input again for each repetition (step 0), and the view scatters (`slice_scatter`
 view. The gathers and index writes are in `indexing`.
 """
 
+import functools
 import math
 
 import torch
@@ -53,6 +54,13 @@ def access_pattern(op, *args, **kwargs):
     return op(*args, **kwargs)
 
 
+@functools.cache
+def _cat_kernel(count: int):
+    """The DMA kernel of a cat of `count` inputs, generated once: a region calls it with the same count every time."""
+    name = codegen.source_name("cat", str(count))
+    return codegen.compile_source(_cat_source(count, name), name)
+
+
 def _cat_source(count: int, name: str) -> str:
     params = ", ".join(f"x{i}" for i in range(count))
     lines = [codegen.HEADER, "@nki.jit", f"def {name}({params}, outer, total, widths):",
@@ -89,8 +97,7 @@ def cat(op, tensors, dim=0):
     if outer * math.prod(shape[dim:]) == 0:
         return torch.cat(tensors, dim)
     widths = tuple(math.prod(t.shape[dim:]) for t in tensors)
-    name = codegen.source_name("cat", str(len(tensors)))
-    kernel = codegen.compile_source(_cat_source(len(tensors), name), name)
+    kernel = _cat_kernel(len(tensors))
     parts = [codegen.to_device(t.contiguous()).reshape(outer, w) for t, w in zip(tensors, widths, strict=True)]
     out = launch(kernel, *parts, outer, sum(widths), widths)
     return codegen.from_device(out.reshape(shape), tensors[0].dtype)
@@ -162,15 +169,21 @@ def _read_source(name: str) -> str:
             "    return out\n")
 
 
-def strided_write(base: torch.Tensor, src: torch.Tensor, view_of) -> torch.Tensor:
-    """base with `view_of(base)` replaced by src: a copy of base, then one DMA into the view's access pattern."""
-    pattern, offset = _view_pattern(base.shape, view_of)
+@functools.cache
+def _generated(make_source, prefix: str):
+    """A generated kernel that depends on nothing but its source (compiled once, not per call)."""
+    name = codegen.source_name(prefix, "v1")
+    return codegen.compile_source(make_source(name), name)
+
+
+def strided_write(base: torch.Tensor, src: torch.Tensor, pattern: tuple, offset: int) -> torch.Tensor:
+    """base with the view at access pattern `pattern` (`((step, count), ...)`, outermost first) and `offset` replaced
+    by src: a copy of base, then one DMA into the view's access pattern."""
     if base.numel() == 0 or src.numel() == 0:
         return base.clone()
-    name = codegen.source_name("strided_write", "v1")
-    kernel = codegen.compile_source(_write_source(name), name)
     source = codegen.to_device(src.contiguous()).reshape([count for _, count in pattern])
-    out = launch(kernel, codegen.to_device(base.contiguous()).reshape(-1), source, _as_tuples(pattern), offset)
+    out = launch(_generated(_write_source, "strided_write"), codegen.to_device(base.contiguous()).reshape(-1),
+                 source, pattern, offset)
     return codegen.from_device(out.reshape(base.shape), base.dtype)
 
 
@@ -213,7 +226,19 @@ def _view_scatter_refusal(node: fx.Node) -> str | None:
 @lowers(aten.slice_scatter, aten.select_scatter, aten.diagonal_scatter, aten.as_strided_scatter, family="views",
         target="simulator", accepts=_view_scatter_refusal)
 def view_scatter(op, base, src, *args):
-    return strided_write(base, src, _VIEWS[op.overloadpacket](*args))
+    return strided_write(base, src, *_scatter_pattern(op, tuple(base.shape), _frozen(args)))
+
+
+@functools.cache
+def _scatter_pattern(op, shape: tuple[int, ...], args: tuple) -> tuple[tuple[tuple[int, int], ...], int]:
+    """The access pattern and offset a view scatter writes: the same for every call of a static region."""
+    pattern, offset = _view_pattern(shape, _VIEWS[op.overloadpacket](*args))
+    return _as_tuples(pattern), offset
+
+
+def _frozen(args: tuple) -> tuple:
+    """The scatter's view arguments, hashable (as_strided_scatter's size and stride come as lists)."""
+    return tuple(tuple(arg) if isinstance(arg, list) else arg for arg in args)
 
 
 def _repeat_pattern(shape, repeats) -> tuple[list[int], list[list[int]]]:
@@ -236,8 +261,7 @@ def repeat(op, x, repeats):
     shape, pattern = _repeat_pattern(x.shape, repeats)
     if math.prod(shape) == 0:
         return torch.empty(shape, dtype=x.dtype)
-    name = codegen.source_name("repeat", "v1")
-    kernel = codegen.compile_source(_read_source(name), name)
     counts = tuple(count for _, count in pattern)
-    out = launch(kernel, codegen.to_device(x.contiguous()).reshape(-1), counts, _as_tuples(pattern))
+    out = launch(_generated(_read_source, "repeat"), codegen.to_device(x.contiguous()).reshape(-1), counts,
+                 _as_tuples(pattern))
     return codegen.from_device(out.reshape(shape), x.dtype)

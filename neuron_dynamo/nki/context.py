@@ -35,6 +35,7 @@ class Launch:
         self.num_programs = num_programs
         self.shared_hbm: list = []  # Storage objects, in allocation order
         self.free_tiles: dict = {}  # (shape, storage dtype) -> arrays of dead on-chip tiles, for reuse
+        self.scratch: dict = {}  # working buffers the launch's steps share (they run one at a time)
         self._cond = threading.Condition()
         self._turn = 0
         self._waiting: set[int] = set()

@@ -39,9 +39,11 @@ class UnseenFills:
         if tensor._s.serial in self.pending:
             self.step_writes.append((tensor, _EXACT if exact else _IRREGULAR))
 
-    def read(self, storage) -> None:
-        """An instruction reads `storage` in a way its operands do not show (an accumulating dst): keep its fill."""
-        self._seen(storage.serial)
+    def read(self, tensor) -> None:
+        """An instruction reads `tensor` in a way its operands do not show (an accumulating dst): the fill stays
+        unless every byte of the view was written before (the matmul that opened the accumulation group)."""
+        if tensor._s.serial in self.pending and not self._covered(tensor):
+            self._seen(tensor._s.serial)
 
     def step_started(self) -> None:
         """Writes of a step whose operands were never reported: their allocations keep their fills."""

@@ -57,10 +57,13 @@ class Recording:
         self.storages: list = []  # weak references to every Storage of the call (their caches reset per replay)
         self.fills = UnseenFills()
 
-    def step(self, fn, replay_fn=None) -> None:
+    def step(self, fn, replay_fn=None, writes=()) -> None:
         """Run `fn` (an instruction's reads, arithmetic and writes) now, and keep it, or the equivalent `replay_fn`
-        (the same data movement without the checks only the full run needs), for replay."""
+        (the same data movement without the checks only the full run needs), for replay. `writes`: the views `fn`
+        stores into in full without going through `NkiTensor._write`."""
         self.fills.step_started()
+        for t in writes:
+            self.fills.wrote(t, True)
         self.in_step = True
         try:
             fn()

@@ -75,30 +75,58 @@ def _arg_dtype_error(dtype) -> NkiValidationError:
 
 _threads_lock = threading.Lock()
 _threads_state = {"runs": 0, "saved": 1}
+_scope = threading.local()  # per thread: the depth of nested launch scopes, what the outermost one set up
 
 
-class _SingleThreadedTorch:
-    """Hold torch at one intra-op thread while kernels run (restored when the last concurrent run ends).
+def _pin_threads() -> None:
+    """Hold torch at one intra-op thread while kernels run (restored when the last concurrent holder ends): tiles
+    are small, one thread per GEMM or cast beats a thread pool, above all on a loaded machine."""
+    with _threads_lock:
+        if _threads_state["runs"] == 0:
+            _threads_state["saved"] = torch.get_num_threads()
+            if _threads_state["saved"] != 1:
+                torch.set_num_threads(1)
+        _threads_state["runs"] += 1
 
-    Tiles are small: one thread per GEMM or cast beats a thread pool, above all on a loaded machine.
-    """
 
-    def __enter__(self) -> None:
-        with _threads_lock:
-            if _threads_state["runs"] == 0:
-                _threads_state["saved"] = torch.get_num_threads()
-                if _threads_state["saved"] != 1:
-                    torch.set_num_threads(1)
-            _threads_state["runs"] += 1
+def _unpin_threads() -> None:
+    with _threads_lock:
+        _threads_state["runs"] -= 1
+        if _threads_state["runs"] == 0 and _threads_state["saved"] != 1:
+            torch.set_num_threads(_threads_state["saved"])
+
+
+class _LaunchScope:
+    """What every kernel run needs around it: the target's limits and the replay switch read from the environment,
+    torch on one thread (`_pin_threads`), NumPy's floating-point warnings off (engines produce inf/NaN silently, as
+    the hardware does). Only a thread's outermost scope does that work; a compiled region holds one over all its
+    launches (`launch_scope()`), so a launch inside it pays a counter. Entering gives (limits, replay enabled)."""
+
+    def __enter__(self):
+        depth = getattr(_scope, "depth", 0)
+        if depth == 0:
+            settings = (current_limits(), replay.enabled())  # may raise (an unknown target): nothing set up yet
+            _pin_threads()
+            quiet = np.errstate(all="ignore")
+            quiet.__enter__()
+            _scope.settings, _scope.quiet = settings, quiet
+        _scope.depth = depth + 1
+        return _scope.settings
 
     def __exit__(self, *exc) -> None:
-        with _threads_lock:
-            _threads_state["runs"] -= 1
-            if _threads_state["runs"] == 0 and _threads_state["saved"] != 1:
-                torch.set_num_threads(_threads_state["saved"])
+        _scope.depth -= 1
+        if _scope.depth == 0:
+            _scope.quiet.__exit__(None, None, None)
+            _unpin_threads()
 
 
-_single_threaded_torch = _SingleThreadedTorch()
+_launch_scope = _LaunchScope()
+
+
+def launch_scope() -> _LaunchScope:
+    """Hold the launch setup over a block of kernel launches (a compiled region's run): the environment is read
+    once at its start, and torch stays on one thread throughout."""
+    return _launch_scope
 
 
 class _Argument:
@@ -218,14 +246,17 @@ class Kernel:
                 f"kernel {self.fn.__name__} is decorated with @nki.jit but was called from inside another kernel; "
                 "sub-kernels must be plain functions (remove @nki.jit from the callee)",
             )
+        with _launch_scope as (limits, replaying):
+            return self._launch(args, kwargs, want, limits, replaying)
+
+    def _launch(self, args, kwargs, want: str | None, limits, replaying: bool):
         names = self._check_signature()
-        limits = current_limits()
         if self.lnc > 1 and limits.nc_version < 3:
             raise NkiValidationError(
                 "lnc", f"LNC={self.lnc} needs trn2 or newer; the target is {limits.name}", self._site()
             )
         values: list = []  # the tensor arguments, as the signature met them
-        key = _signature(args, kwargs, limits.name, self.lnc, values) if replay.enabled() else None
+        key = _signature(args, kwargs, limits.name, self.lnc, values) if replaying else None
         recording = None
         if key is not None:
             program = self._programs.get(key)
@@ -293,8 +324,7 @@ class Kernel:
 
             return run_instance
 
-        with _single_threaded_torch:
-            launch.run([body(ctx) for ctx in contexts])
+        launch.run([body(ctx) for ctx in contexts])
         result = results[0]
         kept = recording is not None and recording.reason is None
         profile = _profile(contexts) if want or kept else None
@@ -313,19 +343,17 @@ class Kernel:
 
     def _replay(self, program: replay.Program, values: list, want: str | None):
         """A later call at a recorded signature: load its inputs (`values`, the tensor arguments in conversion order),
-        rerun the recorded steps, hand out copies (all on one torch thread: its copies are small too)."""
-        with _single_threaded_torch:
-            for arg, value in zip(program.arguments, values, strict=True):
-                arg.load(value)
-            with np.errstate(all="ignore"):
-                program.run()
-            use_torch = any(_is_torch(v) for v in values)
-            copier = program.copiers.get(use_torch)
-            if copier is None:
-                copier = program.copiers[use_torch] = _copier(program.result, use_torch)
-            converted = copier()
-            for i in program.written:
-                program.arguments[i].write_back(values[i])
+        rerun the recorded steps, hand out copies."""
+        for arg, value in zip(program.arguments, values, strict=True):
+            arg.load(value)
+        program.run()
+        use_torch = any(_is_torch(v) for v in values)
+        copier = program.copiers.get(use_torch)
+        if copier is None:
+            copier = program.copiers[use_torch] = _copier(program.result, use_torch)
+        converted = copier()
+        for i in program.written:
+            program.arguments[i].write_back(values[i])
         return _wanted(converted, program.profile, want, True)
 
     def _convert_outputs(self, out, use_torch: bool, handed_out: set[int], arg_storages: set[int], kept: bool):

@@ -210,21 +210,70 @@ def _access(t: NkiTensor) -> tuple[int, tuple[int, int, int, int]]:
 _EVERYWHERE = 2**62
 
 
-def _step(ctx, fn, replay_fn=None) -> None:
+def _step(ctx, fn, replay_fn=None, writes=()) -> None:
     """Run an instruction's data part now; while the call is recorded, also keep it (or `replay_fn`, which must
-    compute exactly what `fn` does) for replay."""
+    compute exactly what `fn` does) for replay. `writes`: the direct views `fn` stores into without `_write` (its
+    `_writer`/`_out2d` stores), whose bookkeeping happens here, once, instead of in every replay."""
     recording = ctx.launch.recording
     if recording is None:
         fn()
     else:
-        recording.step(fn, replay_fn)
+        recording.step(fn, replay_fn, writes)
+    for t in writes:
+        t._s.written = True
+
+
+def _out2d(t: NkiTensor, p: int, f: int) -> np.ndarray | None:
+    """A writable fp32 [p, f] view of `t`'s memory that a step may compute into (`out=`), or None when the store
+    must convert (another dtype, tf32 rounding) or the view cannot be reshaped without a copy."""
+    a = t._a
+    if t._dt != "float32" or not a.flags.writeable:
+        return None
+    return _view_2d(a, p, f)
+
+
+def _view_2d(a: np.ndarray, p: int, f: int) -> np.ndarray | None:
+    """`a` as [p, f] sharing its memory, or None when NumPy can only reshape it by copying (a copy bound at record
+    time would go stale)."""
+    v = a.reshape(p, f)
+    return v if np.may_share_memory(v, a) else None
+
+
+def _writer(t: NkiTensor, p: int, f: int):
+    """`t._write` without its per-call work, for a step that reports `t` in `_step(writes=...)`: the store of [p, f]
+    values (cast to t's dtype) into the view bound now, dropping the storage's fp32 cache as `_write` does."""
+    a, s, name = t._a, t._s, t._dt
+    if not a.flags.writeable:
+        _fail("write-to-broadcast", "cannot write into a broadcast view (stride-0 dimension); write the full tile")
+    out = _out2d(t, p, f)
+    if out is not None:
+        def store(values):
+            s.f32_cache = None
+            out[...] = values.reshape(p, f)
+    else:
+        shape, to_dtype = a.shape, dtypes.to_dtype
+
+        def store(values):
+            s.f32_cache = None
+            a[...] = to_dtype(values, name).reshape(shape)
+    return store
+
+
+def _f32_reader(t: NkiTensor, p: int, f: int):
+    """A function giving `_f32(t, p, f)`: the fp32 view itself, bound now, when the view is fp32 and reshapes
+    without a copy (a copy would go stale); else the per-call (cached) conversion."""
+    a = t._a
+    v = _view_2d(a, p, f) if a.dtype == np.float32 else None
+    if v is not None:
+        return lambda: v
+    return lambda: _f32(t, p, f)
 
 
 def _reads_dst(ctx, dst: NkiTensor) -> None:
     """The instruction reads its dst too (it accumulates into it): a replay must keep dst's fresh-memory fill."""
     recording = ctx.launch.recording
     if recording is not None and recording.steps is not None:
-        recording.fills.read(dst._s)
+        recording.fills.read(dst)
 
 
 def _dynamic(ctx, why: str) -> None:

@@ -10,8 +10,10 @@ from neuron_dynamo.nki.isa.enums import _ReduceCmd, reduce_cmd
 from neuron_dynamo.nki.isa.operands import (
     _apply,
     _f32,
+    _f32_reader,
     _fail,
     _onchip,
+    _out2d,
     _pf,
     _record,
     _same_layout,
@@ -19,6 +21,7 @@ from neuron_dynamo.nki.isa.operands import (
     _scalar_reader,
     _step,
     _touch,
+    _writer,
     log,
 )
 from neuron_dynamo.nki.ops import resolve_activation, resolve_alu
@@ -65,8 +68,13 @@ def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=N
     cmd = reduce_cmd.name
     warn_range = [act_name in _ACTIVATION_RANGES]  # the range warning belongs to the first run, not to replays
 
+    read = _f32_reader(data, p, f)
+    apply = _activation_into(fn, dst, p, f)  # computes the function and stores it in dst
+    reset, accumulate = cmd in ("reset", "reset_reduce"), cmd in ("reduce", "reset_reduce", "load_reduce")
+    store_res = None if reduce_res is None else _writer(reduce_res, p, 1)
+
     def run():
-        x = _f32(data, p, f)
+        x = read()
         if scaled:
             x = x * read_scale()
         if read_bias is not None:
@@ -74,18 +82,37 @@ def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=N
         if warn_range[0]:
             warn_range[0] = False
             _check_activation_range(ctx, act_name, x)
-        out = fn(x)
-        if cmd in ("reset", "reset_reduce"):
+        out = apply(x)
+        if reset:
             regs[:p] = 0.0
-        if cmd in ("reduce", "reset_reduce", "load_reduce"):
+        if accumulate:
             regs[:p] += out.sum(axis=1, dtype=np.float32)
-        dst._write(out)
-        if reduce_res is not None:
-            reduce_res._write(regs[:p].copy())
+        if store_res is not None:
+            store_res(regs[:p].copy())
 
-    _step(ctx, run)
+    _step(ctx, run, writes=(dst,) if reduce_res is None else (dst, reduce_res))
     _touch(ctx, touched)
     _record(ctx, iname, "scalar", p, f, tuple(ins), dst, act=act_name, reduce=reducing)
+
+
+def _activation_into(fn, dst, p: int, f: int):
+    """A function `x -> fn(x)` that also stores the result in dst: a NumPy ufunc computes straight into an fp32 dst
+    (`out=`; the values are the same, and a reduction reads them from dst), anything else through `_writer`."""
+    out = _out2d(dst, p, f)
+    if out is not None and isinstance(fn, np.ufunc):
+        s = dst._s
+
+        def apply(x):
+            s.f32_cache = None
+            return fn(x, out=out)
+        return apply
+    store = _writer(dst, p, f)
+
+    def apply(x):
+        y = fn(x)
+        store(y)
+        return y
+    return apply
 
 
 # ScalarE evaluates these functions with piecewise polynomials that are only valid on these input ranges

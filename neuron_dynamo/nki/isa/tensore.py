@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import torch
 
 from neuron_dynamo.nki import dtypes
 from neuron_dynamo.nki.context import current
@@ -15,6 +16,7 @@ from neuron_dynamo.nki.isa.operands import (
     _f32,
     _fail,
     _onchip,
+    _out2d,
     _pf,
     _reads_dst,
     _record,
@@ -22,6 +24,8 @@ from neuron_dynamo.nki.isa.operands import (
     _step,
     _tensor,
     _touch,
+    _view_2d,
+    _writer,
 )
 from neuron_dynamo.nki.replay import ReplayDiverged
 from neuron_dynamo.nki.tensor import NkiTensor
@@ -121,24 +125,85 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
         add = _accumulates(dst, psum_accumulate_flag, accumulate)
         if add:
             _reads_dst(ctx, dst)
-
-        def run():
-            s, mv = operands()
-            if is_transpose and k == n and _is_identity(mv):
-                raise ReplayDiverged("nc_matmul: the moving tile of a transpose became the identity")
-            result = (dtypes.torch_view(s).T @ dtypes.torch_view(mv)).numpy()  # one fp32 GEMM
-            if not add:
-                dst._write(result)
-            elif dst._dt == "float32":
-                dst._s.written = True
-                dst._s.f32_cache = None
-                dst._a += result.reshape(dst._a.shape)
-            else:
-                dst._write(dtypes.as_f32(dst._a).reshape(m, n) + result)
-    _step(ctx, run)
+        gemm = _gemm(ctx, operands, None if double_row else (stationary, moving), k, m, n, is_transpose)
+        run = _accumulate(gemm, dst, m, n) if add else _overwrite(gemm, dst, m, n)
+    _step(ctx, run, writes=() if identity else (dst,))
     _touch(ctx, (stationary, moving, dst), matmul=True)
     _record(ctx, op, "tensor", k, n, (stationary, moving), dst, flops=0 if is_transpose else 2 * k * m * n,
             M=m, K=k, N=n, is_transpose=bool(is_transpose), perf_mode=perf_mode.name)
+
+
+def _gemm(ctx, operands, bindable, k: int, m: int, n: int, is_transpose: bool):
+    """The step's fp32 GEMM `stationary.T @ moving` as a function `(out) -> out` (out: a torch [m, n] fp32 tensor),
+    with the torch views of fp32 operands bound once (`bindable`: the two tiles, None when they need the per-call
+    cast). A transpose whose moving tile becomes the identity would take another path: it diverges."""
+    if bindable is not None and not is_transpose:
+        s_t, mv_t = _torch_2d(bindable[0], k, m), _torch_2d(bindable[1], k, n)
+        if s_t is not None and mv_t is not None:
+            s_t = s_t.T
+            return lambda out: torch.mm(s_t, mv_t, out=out)
+
+    def gemm(out):
+        s, mv = operands()
+        if is_transpose and k == n and _is_identity(mv):
+            raise ReplayDiverged("nc_matmul: the moving tile of a transpose became the identity")
+        return torch.mm(dtypes.torch_view(s).T, dtypes.torch_view(mv), out=out)
+
+    return gemm
+
+
+def _torch_2d(t: NkiTensor, rows: int, cols: int):
+    """`t` as a torch fp32 [rows, cols] tensor sharing its memory, or None (another dtype needs the per-call cast;
+    a view that reshapes only by copying would go stale)."""
+    a = t._a
+    if a.dtype != np.float32 or not a.flags.writeable:
+        return None
+    v = _view_2d(a, rows, cols)
+    if v is None or min(v.strides) < 0:
+        return None
+    return torch.from_numpy(v)
+
+
+def _scratch(ctx, m: int, n: int):
+    """A torch fp32 [m, n] buffer the launch's matmuls compute into (one per shape: steps run one at a time)."""
+    key = ("matmul", m, n)
+    buf = ctx.launch.scratch.get(key)
+    if buf is None:
+        buf = ctx.launch.scratch[key] = torch.empty((m, n), dtype=torch.float32)
+    return buf
+
+
+def _overwrite(gemm, dst: NkiTensor, m: int, n: int):
+    """dst = the GEMM: straight into dst when it is a contiguous fp32 view, else through the scratch buffer."""
+    ctx = current()
+    out = _out2d(dst, m, n)
+    if out is not None and out.flags.c_contiguous:
+        s, target = dst._s, torch.from_numpy(out)
+
+        def run():
+            s.f32_cache = None
+            gemm(target)
+        return run
+    buf, store = _scratch(ctx, m, n), _writer(dst, m, n)
+    result = buf.numpy()
+    return lambda: (gemm(buf), store(result))
+
+
+def _accumulate(gemm, dst: NkiTensor, m: int, n: int):
+    """dst += the GEMM, in fp32 (PSUM accumulation); a bf16 dst (trn3) adds in fp32 and rounds."""
+    buf = _scratch(current(), m, n)
+    result = buf.numpy()
+    out = _out2d(dst, m, n)
+    if out is not None:
+        s = dst._s
+
+        def run():
+            gemm(buf)
+            s.f32_cache = None
+            np.add(out, result, out=out)
+        return run
+    store = _writer(dst, m, n)
+    return lambda: (gemm(buf), store(dtypes.as_f32(dst._a).reshape(m, n) + result))
 
 
 def _is_identity(moving: np.ndarray) -> bool:
@@ -194,6 +259,11 @@ def nc_transpose(dst, data, engine=engine.unknown, name=None):
             _fail("transpose-size", f"{op}: TensorE transposes at most 128x128, got [{p}, {f}]")
     elif p > 32 or f > 32:
         _fail("transpose-size", f"{op}: VectorE transposes at most 32x32, got [{p}, {f}]")
-    _step(ctx, lambda: dst._write(_rows(data, p, f).T))
+    src = _view_2d(data._a, p, f)
+    if src is None:  # a copy made now would go stale: read the view at every run
+        _step(ctx, lambda: dst._write(_rows(data, p, f).T))
+    else:
+        store = _writer(dst, f, p)
+        _step(ctx, lambda: store(src.T), writes=(dst,))
     _touch(ctx, (data, dst))
     _record(ctx, op, eng, p, f, (data,), dst)

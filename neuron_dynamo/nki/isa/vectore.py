@@ -13,11 +13,13 @@ from neuron_dynamo.nki.isa.operands import (
     _dynamic,
     _engine_name,
     _f32,
+    _f32_reader,
     _fail,
     _from_bits,
     _need_int,
     _no_gpsimd_psum,
     _onchip,
+    _out2d,
     _pf,
     _record,
     _rows,
@@ -28,6 +30,8 @@ from neuron_dynamo.nki.isa.operands import (
     _touch,
     _two_inputs,
     _vector_regs,
+    _view_2d,
+    _writer,
 )
 from neuron_dynamo.nki.ops import resolve_alu
 from neuron_dynamo.nki.tensor import NkiTensor
@@ -44,10 +48,13 @@ def tensor_copy(dst, src, engine=engine.unknown, name=None):
     _no_gpsimd_psum(op, eng, src, dst)
     if eng == "scalar" and ctx.limits.nc_version == 2:
         _fail("engine", f"{op}: NC-v2 (trn1) ScalarE cannot run tensor_copy; use activation(op=nl.copy)")
-    if src._dt == dst._dt:
-        _step(ctx, lambda: dst._write(_rows(src, p, f)))
+    store = _writer(dst, p, f)
+    rows = _view_2d(src._a, p, f) if src._dt == dst._dt else None
+    if rows is not None:
+        _step(ctx, lambda: store(rows), writes=(dst,))
     else:
-        _step(ctx, lambda: dst._write(_f32(src, p, f)))
+        read = _f32_reader(src, p, f) if src._dt != dst._dt else (lambda: _rows(src, p, f))
+        _step(ctx, lambda: store(read()), writes=(dst,))
     _touch(ctx, (src, dst))
     _record(ctx, op, eng, p, f, (src,), dst, dynamic_address=False)
 
@@ -103,8 +110,8 @@ def tensor_tensor(dst, data1, data2, op, engine=engine.unknown, name=None):
         _step(ctx, lambda: dst._write(_from_bits(
             alu.fn(_bits(_rows(data1, p, f), data1._dt), _bits(_rows(data2, p, f), data2._dt)), dst._dt)))
     else:
-        fn = alu.fn
-        _step(ctx, lambda: dst._write(fn(_f32(data1, p, f), _f32(data2, p, f))))
+        _step(ctx, _elementwise(alu.fn, (_f32_reader(data1, p, f), _f32_reader(data2, p, f)), dst, p, f),
+              writes=(dst,))
     _touch(ctx, (data1, data2, dst))
     _record(ctx, iname, eng, p, f, (data1, data2), dst, alu_op=alu.name)
 
@@ -162,14 +169,54 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
             if tile is not None:
                 ins.append(tile)
 
-        def run():
-            x = _f32(data, p, f)
-            for alu, read, rev in stages:
-                x = _apply(alu, x, read(), rev)
-            dst._write(x)
-    _step(ctx, run)
+        run = _stages(_f32_reader(data, p, f), stages, dst, p, f)
+    _step(ctx, run, writes=() if a0.kind == "bitvec" else (dst,))
     _touch(ctx, (*ins, dst))
     _record(ctx, iname, eng, p, f, tuple(ins), dst, alu_op=a0.name, alu_op1=a1.name if a1 else None)
+
+
+def _elementwise(fn, readers, dst: NkiTensor, p: int, f: int):
+    """The step `dst = fn(*inputs)` in fp32: a NumPy ufunc computes straight into an fp32 dst (`out=`, the same
+    element-wise arithmetic without the temporary and its copy); anything else stores through `_writer`."""
+    out = _out2d(dst, p, f)
+    if out is not None and isinstance(fn, np.ufunc):
+        s = dst._s
+        read1, read2 = readers
+
+        def run():
+            s.f32_cache = None
+            fn(read1(), read2(), out=out)
+        return run
+    store, (read1, read2) = _writer(dst, p, f), readers
+    return lambda: store(fn(read1(), read2()))
+
+
+def _stages(read, stages, dst: NkiTensor, p: int, f: int):
+    """The step `dst = ((x op0 v0) op1 v1)` of tensor_scalar: with ufunc operators and an fp32 dst, each stage
+    computes in place in dst (`out=`); else stage by stage into temporaries, then one store."""
+    out = _out2d(dst, p, f)
+    if out is not None and all(isinstance(alu.fn, np.ufunc) for alu, _, _ in stages):
+        s = dst._s
+        plan = tuple((alu.fn, operand, rev) for alu, operand, rev in stages)
+
+        def run():
+            s.f32_cache = None
+            x = read()
+            for fn, operand, rev in plan:
+                if rev:
+                    fn(operand(), x, out=out)
+                else:
+                    fn(x, operand(), out=out)
+                x = out
+        return run
+    store = _writer(dst, p, f)
+
+    def run():
+        x = read()
+        for alu, operand, rev in stages:
+            x = _apply(alu, x, operand(), rev)
+        store(x)
+    return run
 
 
 def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False, reverse1=False, name=None):

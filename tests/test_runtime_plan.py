@@ -1,0 +1,97 @@
+"""The per-call work of a compiled program is planned once and gives the same results as doing it every call.
+
+A static program runs with the same shapes again and again: fused kernels skip the expand and dtype conversion an
+input does not need, view scatters and cats reuse their access pattern and generated kernel, and the eager layout
+of the outputs is worked out once per set of sizes. Each test checks the planned path against eager.
+"""
+
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import neuron_dynamo
+from neuron_dynamo.lowering import lower_region, views
+from neuron_dynamo.lowering.codegen import GroupSpec, Ref, Step
+from neuron_dynamo.lowering.generated import FusedKernel
+from neuron_dynamo.output_layout import EagerLayout
+
+aten = torch.ops.aten
+STRICT = {"target": "simulator", "fallback": "error", "cache": "off"}
+
+
+def test_fused_kernel_takes_broadcast_strided_and_narrowed_inputs_as_eager():
+    """Inputs of the group's shape, broadcast ones, a strided slice and int64/bool inputs (stored as int32/uint8)."""
+    def chain(x, row, ids, mask):
+        return torch.where(mask, x * row + ids, -x)
+
+    x = torch.randn(6, 8, 16)[:, :, ::2]  # not contiguous
+    args = x, torch.randn(1, 8), torch.arange(8, dtype=torch.int64), torch.rand(6, 8, 8) > 0.5
+    lowered = lower_region(make_fx(chain)(*args), "simulator")
+    assert sum(isinstance(node.target, FusedKernel) for node in lowered.graph.nodes) == 1
+    for _ in range(2):  # the second call runs the kernel's recorded instruction stream
+        torch.testing.assert_close(lowered(*args), chain(*args), rtol=0, atol=0)
+
+
+def test_fused_kernel_hands_back_the_graph_dtypes():
+    spec = GroupSpec((torch.int64,), (Step(aten.add.Tensor, (Ref("in", 0), 3), (), torch.int64),), (0,))
+    kernel = FusedKernel(spec, (4, 5))
+    ids = torch.arange(20, dtype=torch.int64).reshape(4, 5)
+    for _ in range(2):
+        (out,) = kernel(ids)
+        assert out.dtype == torch.int64 and torch.equal(out, ids + 3)
+
+
+def test_view_scatters_reuse_their_pattern_per_shape_and_match_eager():
+    """slice/select/as_strided scatters at two shapes: one pattern each, computed at the first call."""
+    views._scatter_pattern.cache_clear()
+    for rows in (6, 10):
+        base, src = torch.randn(rows, 8), torch.randn(rows, 3)
+        for _ in range(2):
+            out = views.view_scatter(aten.slice_scatter.default, base, src, 1, 2, 8, 2)
+            torch.testing.assert_close(out, torch.slice_scatter(base, src, 1, 2, 8, 2), rtol=0, atol=0)
+        diagonal = torch.randn(4)
+        out = views.view_scatter(aten.as_strided_scatter.default, base, diagonal, [4], [9], 1)
+        torch.testing.assert_close(out, torch.as_strided_scatter(base, diagonal, [4], [9], 1), rtol=0, atol=0)
+    assert views._scatter_pattern.cache_info().misses == 4  # (slice, as_strided) x two shapes
+
+
+def test_cat_generates_its_kernel_once_per_input_count():
+    parts = [torch.randn(3, 4), torch.randn(3, 2)]
+    views.cat(aten.cat.default, parts, 1)
+    before = views._cat_kernel.cache_info()
+    for _ in range(3):
+        torch.testing.assert_close(views.cat(aten.cat.default, parts, 1), torch.cat(parts, 1), rtol=0, atol=0)
+    assert views._cat_kernel.cache_info().misses == before.misses
+
+
+def test_eager_layout_of_a_static_graph_is_planned_once():
+    """A base returned with a view of it shares memory as in eager, call after call, from one plan."""
+    def fn(x):
+        y = x * 2
+        return y, y[1:]
+
+    x = torch.randn(4, 3)
+    gm = make_fx(fn, tracing_mode="fake")(x)
+    layout = EagerLayout(lambda args: list(fn(*args)), gm)
+    for _ in range(3):
+        y, tail = layout([x])
+        assert tail._base is y or tail.untyped_storage().data_ptr() == y.untyped_storage().data_ptr()
+        y.add_(1)
+        torch.testing.assert_close(tail, y[1:], rtol=0, atol=0)
+    assert len(layout._overlaps) == 1
+
+
+def test_outputs_that_are_views_come_back_as_tensors_of_their_own():
+    """A narrowed kernel output is cloned once (by the eager layout), and in-place ops on outputs are allowed."""
+    def fn(x):
+        return (x * 3)[:, :2] + 1, x.sum()
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="neuron", options=STRICT)
+    x = torch.randn(4, 5, requires_grad=True)
+    for _ in range(2):
+        head, total = compiled(x)
+        assert head._base is None and head.is_contiguous()
+        torch.testing.assert_close(head, fn(x)[0])
+        head.mul_(2)  # an autograd Function output that is a view would refuse this
+        (head.sum() + total).backward()
+    assert neuron_dynamo.stats().get("graphs_failed", 0) == 0
