@@ -1,6 +1,7 @@
 """`neuron-precompile warm` on the models people warm: causal LMs (Llama, GPT-2), an encoder (BERT) and a Diffusers
-transformer (Flux), each from its `save_pretrained` directory, under `--dynamic auto|true|false`; then a fresh process
-runs the same shapes through `torch.compile(model, backend="neuron")` the way a user does and compiles nothing."""
+transformer (Flux), each from its `save_pretrained` directory, under `--dynamic auto|true` (`false`: the training
+warm in tests/test_cli.py); then a fresh process runs the same shapes through `torch.compile(model, backend="neuron")`
+the way a user does and compiles nothing."""
 
 import json
 import os

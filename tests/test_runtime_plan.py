@@ -87,6 +87,7 @@ def test_outputs_that_are_views_come_back_as_tensors_of_their_own():
 
     torch._dynamo.reset()
     compiled = torch.compile(fn, backend="neuron", options=STRICT)
+    neuron_dynamo.reset_stats()
     x = torch.randn(4, 5, requires_grad=True)
     for _ in range(2):
         head, total = compiled(x)

@@ -23,7 +23,7 @@ def _explode(*args, **kwargs):
 STAGES = {
     "padding proof": ("neuron_dynamo.bucket_dispatch.prove_padding", True),
     "specialisation": ("neuron_dynamo.bucket_dispatch.specialize", True),
-    "cache key": ("neuron_dynamo.program_cache.program_key", False),
+    "cache key": ("neuron_dynamo.program_cache.key_parts", False),
     "partition": ("neuron_dynamo.compiler.partition", False),
 }
 
