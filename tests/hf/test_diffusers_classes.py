@@ -107,14 +107,8 @@ CASES: dict[str, Case] = {
         recompile_limit=2),  # its BasicTransformerBlocks differ in width between resolutions
 }
 
-# Classes without a case, each with the reason. A reason is a fact about the class, or says that no case is written.
-NO_CASE_YET = "no tiny config written yet (issue 14): add one to CASES"
+# Classes without a case, each with the reason: a fact about the class, or that no case is written yet.
 NOT_COVERED: dict[str, str] = {
-    **dict.fromkeys(["RFD4ProteinaAutoencoder", "RFD4ProteinaTransformer", "SanaWMLTX2RefinerTransformer3DModel",
-                     "SanaWMTransformer3DModel"], NO_CASE_YET),
-    "AnyFlowFARTransformer3DModel": "its causal attention is flex_attention over a BlockMask: eager alone takes about "
-                                    "20 s on CPU at the tiny config (hidden 24, 4 frames of 8x8), over this file's "
-                                    "budget; AnyFlowTransformer3DModel covers the same blocks with SDPA",
     "WanAnimate2Transformer3DModel": "Dynamo itself cannot trace its block with fullgraph=True (the eager backend "
                                      "raises too): data-dependent guard `4*u4 < 2` in rope_apply's "
                                      "`freqs[0][: f * time_stride : time_stride]`",
@@ -157,6 +151,8 @@ def documented_way(name: str, options: dict | None) -> dict:
     case = ALL_CASES[name]
     torch.manual_seed(0)
     model = repeated_block_classes()[name](**case.config).eval()
+    if case.prepare:
+        case.prepare(model)
     with torch.no_grad():
         expected = model(**case.inputs())
     neuron_dynamo.reset_stats()

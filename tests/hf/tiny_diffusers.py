@@ -22,6 +22,7 @@ class Case:
     config: dict
     inputs: Callable[[], dict]
     recompile_limit: int = 1  # more only where Dynamo's own eager backend needs more (Diffusers' tests say so too)
+    prepare: Callable[[torch.nn.Module], None] | None = None  # weights a fresh model leaves at zero, given values
 
 
 ANYFLOW = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4, out_channels=4,
@@ -31,6 +32,19 @@ ANYFLOW = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=1
 def anyflow_inputs() -> dict:
     return dict(hidden_states=randn(1, 2, 4, 8, 8), timestep=torch.full((1, 2), 500.0),
                 r_timestep=torch.full((1, 2), 250.0), encoder_hidden_states=randn(1, 12, 16, seed=1))
+
+
+def anyflow_far_inputs(chunk_partition: tuple[int, ...] = (1, 1, 2), size: int = 8) -> dict:
+    """Four frames in three chunks, the first compressed (`full_chunk_limit=2`), and the causal BlockMask built outside
+    the compiled blocks, as Diffusers' compile test does: built inside, `create_block_mask` would break the graph."""
+    from diffusers.models.transformers.transformer_anyflow_far import _build_anyflow_far_causal_block_mask
+
+    frames = sum(chunk_partition)
+    mask = _build_anyflow_far_causal_block_mask(list(chunk_partition), size, size, ANYFLOW["patch_size"], (1, 4, 4),
+                                                full_chunk_limit=2)
+    return dict(hidden_states=randn(1, frames, 4, size, size), timestep=torch.full((1, frames), 500.0),
+                r_timestep=torch.full((1, frames), 250.0), encoder_hidden_states=randn(1, 12, 16, seed=1),
+                chunk_partition=list(chunk_partition), attention_mask=mask)
 
 
 def helios_inputs() -> dict:
@@ -111,8 +125,64 @@ def qwen_image21_inputs(text: int = 6, height: int = 4, width: int = 4) -> dict:
                 timestep=torch.tensor([0.5]), img_shapes=[[(1, height, width)]], img_mask=img_mask)
 
 
+def sana_wm_inputs(frames: int = 2, height: int = 4, width: int = 4) -> dict:
+    """Latents, per-frame timesteps, and a camera moving forward (flat 4x4 camera-to-world, then fx, fy, cx, cy)."""
+    camera_to_world = torch.eye(4).repeat(1, frames, 1, 1)
+    camera_to_world[..., 2, 3] = torch.arange(frames) * 0.1
+    intrinsics = torch.tensor([float(width), float(height), width / 2, height / 2]).expand(1, frames, 4)
+    return dict(hidden_states=randn(1, 4, frames, height, width), timestep=torch.full((1, 1, frames), 500.0),
+                encoder_hidden_states=randn(1, 1, 6, 8, seed=1), encoder_attention_mask=torch.ones(1, 6),
+                camera_conditions=torch.cat([camera_to_world.flatten(-2), intrinsics], dim=-1),
+                chunk_plucker=randn(1, 8, frames, height, width, seed=2))
+
+
+def live_short_convolutions(model: torch.nn.Module) -> None:
+    """SANA-WM's temporal short convolutions start at zero (a checkpoint fills them): its GDN branch would be dead."""
+    from diffusers.models.transformers.transformer_sana_wm import SanaWMTemporalShortConvolution
+
+    for index, module in enumerate(m for m in model.modules() if isinstance(m, SanaWMTemporalShortConvolution)):
+        module.weight.data = randn(*module.weight.shape, seed=index) * 0.5
+
+
+def sana_wm_refiner_inputs(frames: int = 2, height: int = 2, width: int = 2) -> dict:
+    """Video tokens and the caller-supplied RoPE of frames `[0, frames)`, built as the refiner's own RoPE builds it."""
+    from diffusers.models.transformers.transformer_sana_wm_refiner import SanaWMLTX2AudioVideoRotaryPosEmbed
+
+    rope = SanaWMLTX2AudioVideoRotaryPosEmbed(dim=16, double_precision=False, num_attention_heads=2)
+    coords = rope.prepare_video_coords(1, frames, height, width, device=torch.device("cpu"), fps=24.0)
+    tokens = frames * height * width
+    return dict(hidden_states=randn(1, tokens, 4), encoder_hidden_states=randn(1, 8, 16, seed=1),
+                timestep=torch.linspace(100.0, 900.0, tokens)[None], video_rotary_emb=rope(coords),
+                encoder_attention_mask=torch.ones(1, 8))
+
+
+RFD4_TRUNK = dict(nlayers=2, token_dim=16, nheads=2, dim_cond=16, pair_repr_dim=8, latent_dim=4, token_type_emb_dim=4)
+
+
+def rfd4_masks(tokens: int) -> dict:
+    """A molecule of `tokens` positions, the last one padding, and the two masks both RFD4 models need; nothing else."""
+    padding_mask = torch.ones(1, tokens, dtype=torch.bool)
+    padding_mask[:, -1] = False
+    return dict(padding_mask=padding_mask, conditioning={"is_in_context_conditioning": torch.zeros(1, tokens),
+                                                         "supports_local_latent": torch.ones(1, tokens)})
+
+
+def rfd4_inputs(tokens: int = 6) -> dict:
+    return dict(bb_ca=randn(1, tokens, 3), local_latents=randn(1, tokens, 4, seed=1), bb_ca_time=torch.tensor([0.3]),
+                local_latents_time=torch.tensor([0.6]), token_type=torch.zeros(1, tokens, dtype=torch.long),
+                **rfd4_masks(tokens))
+
+
+def rfd4_autoencoder_inputs(tokens: int = 6) -> dict:
+    """The decoder's inputs: the autoencoder's forward is `decode`."""
+    return dict(z_latent=randn(1, tokens, 4), ca_coors_nm=randn(1, tokens, 3, seed=1),
+                token_type=torch.tensor([[0, 1] * (tokens // 2)]), **rfd4_masks(tokens))
+
+
 DEFAULT_TARGET_CASES: dict[str, Case] = {
     "AnyFlowTransformer3DModel": Case(ANYFLOW, anyflow_inputs),
+    "AnyFlowFARTransformer3DModel": Case({**ANYFLOW, "compressed_patch_size": (1, 4, 4), "full_chunk_limit": 2},
+                                         anyflow_far_inputs),
     "ErnieImageTransformer2DModel": Case(
         dict(hidden_size=16, num_attention_heads=1, num_layers=2, ffn_hidden_size=16, in_channels=16, out_channels=16,
              text_in_dim=16, rope_axes_dim=(8, 4, 4)),
@@ -276,4 +346,25 @@ DEFAULT_TARGET_CASES: dict[str, Case] = {
              num_text_blocks=1, num_visual_blocks=2, axes_dims=(2, 2, 4), visual_cond=False),
         lambda: dict(hidden_states=randn(1, 1, 8, 8, 4), encoder_hidden_states=randn(1, 6, 16, seed=1),
                      pooled_projections=randn(1, 8, seed=2), timestep=torch.tensor([500.0]))),
+    "SanaWMTransformer3DModel": Case(
+        dict(in_channels=4, num_layers=2, hidden_size=32, num_attention_heads=2, softmax_every_n=2, linear_head_dim=16,
+             caption_channels=8, mlp_ratio=2.0, chunk_plucker_channels=8, chunk_plucker_post_attn_blocks=2),
+        sana_wm_inputs, recompile_limit=2,  # block 0 runs the GDN attention, block 1 the softmax one: two graphs
+        prepare=live_short_convolutions),  # its softmax attention casts to bf16: ~4e-5 of bf16 rounding at the output
+    "SanaWMLTX2RefinerTransformer3DModel": Case(
+        dict(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=8, cross_attention_dim=16,
+             audio_in_channels=4, audio_out_channels=4, audio_num_attention_heads=2, audio_attention_head_dim=4,
+             audio_cross_attention_dim=8, num_layers=2, caption_channels=16, rope_double_precision=False),
+        sana_wm_refiner_inputs),
+    "RFD4ProteinaTransformer": Case(
+        dict(**RFD4_TRUNK, cath_emb_dim=4, t_emb_dim=8, seq_sep_dim=4, xt_pair_dist_dim=4, tri_mult_c=8,
+             feats_seq=("xt_bb_ca", "xt_local_latents", "token_type"),
+             feats_cond_seq=("time_emb_bb_ca", "time_emb_local_latents"), feats_pair_repr=("xt_bb_ca_pair_dists",),
+             feats_pair_cond=("time_emb_bb_ca",), num_sequence_classes=8, num_token_types=2),
+        rfd4_inputs),
+    "RFD4ProteinaAutoencoder": Case(
+        dict(**RFD4_TRUNK, n_residue_types=4, num_token_types=2,
+             atom37_mask=[[slot < 4 + kind for slot in range(37)] for kind in range(4)],
+             allowed_residue_types=[[True, True, False, False], [False, True, True, True]]),
+        rfd4_autoencoder_inputs),
 }
