@@ -16,7 +16,7 @@ import torch
 
 import neuron_dynamo
 from neuron_dynamo import counters
-from neuron_dynamo.explain import ExplainReport
+from neuron_dynamo.report import ExplainReport
 
 
 @pytest.fixture(autouse=True)

@@ -310,7 +310,7 @@ def test_concurrent_eviction_never_fails_a_put(tmp_path):
     assert sum(info.size for info in cache.entries()) <= 20000 + 4 * 2500
 
 
-KILLS = 6
+KILLS = 10
 
 
 def test_kill_minus_nine_tears_nothing(tmp_path, monkeypatch):

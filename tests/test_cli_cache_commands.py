@@ -2,6 +2,8 @@
 each entry once."""
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -90,3 +92,12 @@ def test_maintenance_commands_still_work_on_an_existing_cache(cache_dir, capsys)
     assert not CompileCache(root=cache_dir).entries() and keys
     assert main(["clear-locks"]) == 0
     assert "removed 0 lock(s)" in capsys.readouterr().out
+
+
+def test_cache_commands_start_without_importing_torch(tmp_path):
+    """`ls`, `verify`, `prune` and the cache module itself need no torch: they answer in a fraction of a second."""
+    script = ("import sys; from neuron_dynamo.cli import main; from neuron_dynamo.cache import CompileCache; "
+              f"main(['--cache-dir', {str(tmp_path)!r}, 'verify']); "
+              "assert 'torch' not in sys.modules, 'torch was imported'")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr

@@ -5,8 +5,8 @@ import torch.fx as fx
 
 import neuron_dynamo
 from neuron_dynamo.compiler import compile_static
-from neuron_dynamo.explain import ExplainReport
 from neuron_dynamo.options import Options
+from neuron_dynamo.report import ExplainReport
 from neuron_dynamo.toolchain import REFERENCE
 
 aten = torch.ops.aten

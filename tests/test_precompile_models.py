@@ -1,7 +1,7 @@
-"""`neuron-precompile warm` on the models people warm: causal LMs (Llama, GPT-2), an encoder (BERT) and a Diffusers
-transformer (Flux), each from its `save_pretrained` directory, under `--dynamic auto|true` (`false`: the training
-warm in tests/test_cli.py); then a fresh process runs the same shapes through `torch.compile(model, backend="neuron")`
-the way a user does and compiles nothing."""
+"""`neuron-precompile warm` on the models people warm: causal LMs (Llama, GPT-2), an encoder (BERT) and Diffusers
+models (Flux; SD3 and a UNet at one latent size), each from its `save_pretrained` directory, under `--dynamic
+auto|true|false` (and the training warm in tests/test_cli.py); then a fresh process runs the same shapes through
+`torch.compile(model, backend="neuron")` the way a user does and compiles nothing."""
 
 import json
 import os
@@ -33,6 +33,23 @@ USER_RUN = textwrap.dedent("""
                         encoder_hidden_states=torch.randn(batch, 8, config["joint_attention_dim"]),
                         pooled_projections=torch.randn(batch, config["pooled_projection_dim"]),
                         timestep=torch.full((batch,), 0.5), img_ids=ids, txt_ids=torch.zeros(8, 3), return_dict=False)
+    elif config.get("_class_name") == "SD3Transformer2DModel":  # as StableDiffusion3Pipeline calls it
+        import diffusers
+        model = diffusers.SD3Transformer2DModel.from_pretrained(path).eval()
+
+        def inputs(batch, height, width):
+            return dict(hidden_states=torch.randn(batch, config["in_channels"], height, width),
+                        encoder_hidden_states=torch.randn(batch, 8, config["joint_attention_dim"]),
+                        pooled_projections=torch.randn(batch, config["pooled_projection_dim"]),
+                        timestep=torch.full((batch,), 500.0), return_dict=False)
+    elif config.get("_class_name") == "UNet2DConditionModel":  # as StableDiffusionPipeline calls it
+        import diffusers
+        model = diffusers.UNet2DConditionModel.from_pretrained(path).eval()
+
+        def inputs(batch, height, width):
+            return dict(sample=torch.randn(batch, config["in_channels"], height, width), timestep=torch.tensor(500),
+                        encoder_hidden_states=torch.randn(batch, 8, config["cross_attention_dim"]),
+                        return_dict=False)
     else:
         import transformers
         model = getattr(transformers, config["architectures"][0]).from_pretrained(path).eval()
@@ -93,6 +110,25 @@ def save_flux(path):
                            axes_dims_rope=[4, 4, 8]).save_pretrained(path)
 
 
+def save_sd3(path):
+    from diffusers import SD3Transformer2DModel
+
+    torch.manual_seed(0)
+    SD3Transformer2DModel(sample_size=8, patch_size=2, in_channels=4, num_layers=1, attention_head_dim=8,
+                          num_attention_heads=2, joint_attention_dim=16, caption_projection_dim=16,
+                          pooled_projection_dim=16, out_channels=4, pos_embed_max_size=16).save_pretrained(path)
+
+
+def save_unet(path):
+    from diffusers import UNet2DConditionModel
+
+    torch.manual_seed(0)
+    UNet2DConditionModel(block_out_channels=(8, 16), layers_per_block=1, sample_size=8, in_channels=4, out_channels=4,
+                         down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+                         up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"), cross_attention_dim=16,
+                         attention_head_dim=4, norm_num_groups=4).save_pretrained(path)
+
+
 def user_run(model_dir, options, dynamic, shapes, inputs="input_ids", timeout=300):
     """The cache counters of a fresh process that runs `shapes` in order, as a user would."""
     result = subprocess.run(
@@ -131,8 +167,12 @@ def test_the_readme_flow_on_a_causal_lm_then_a_fresh_run_compiles_nothing(tmp_pa
         # of 12x12 if the process has one, else the bucket of 256 tokens (a warm that kept one run's programs for the
         # next took the static program and never compiled that bucket: the run missed it)
         (save_flux, ["--sizes", "2x2,12x12", "--text-len", "8"], "auto", [[1, 2, 2], [1, 12, 12]], ""),
+        # the other Diffusers classes warm builds inputs for, as their pipelines call them (classifier-free guidance:
+        # batch 2), one latent size each
+        (save_sd3, ["--batch-sizes", "2", "--sizes", "8x8", "--text-len", "8"], "false", [[2, 8, 8]], ""),
+        (save_unet, ["--batch-sizes", "2", "--sizes", "8x8", "--text-len", "8"], "false", [[2, 8, 8]], ""),
     ],
-    ids=["gpt2-auto", "bert-true", "flux-auto"],
+    ids=["gpt2-auto", "bert-true", "flux-auto", "sd3-false", "unet-false"],
 )
 def test_warm_a_directory_then_a_fresh_run_compiles_nothing(tmp_path, cache_dir, pinned_here, capsys, save, argv,
                                                             dynamic, shapes, inputs):
