@@ -18,7 +18,16 @@ _F32 = np.float32
 
 
 def _cmp(fn):
-    return lambda a, b: fn(a, b).astype(_F32)
+    def compare(a, b):
+        return fn(a, b).astype(_F32)
+
+    compare.into = fn  # the ufunc giving the same 1.0/0.0 straight into an fp32 `out=` (a step's dst)
+    return compare
+
+
+def out_ufunc(fn):
+    """The NumPy ufunc that computes the ALU function `fn` straight into an fp32 array (`out=`), or None."""
+    return fn if isinstance(fn, np.ufunc) else getattr(fn, "into", None)
 
 
 def _logical(fn):

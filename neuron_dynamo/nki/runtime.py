@@ -160,16 +160,18 @@ class _Argument:
         else:
             original[...] = data
 
-    def load(self, value) -> None:
-        """Copy the value of a later call (same shape and dtype) into this argument's array, for a replay."""
-        data = self.tensor._s.data
-        if _is_torch(value):
+    def load(self, value) -> bool:
+        """Copy the value of a later call (same shape and dtype) into this argument's array, for a replay; whether
+        the value was a torch tensor."""
+        if type(value) in _TORCH_TYPES:
             alias = self._torch_alias(value)
             if alias is None:
                 raise replay.ReplayDiverged(f"torch cannot share a {self.name} array")
-            alias.copy_(value.detach())
-        else:
-            data[...] = value.reshape(data.shape)
+            alias.copy_(value.detach() if value.requires_grad else value)
+            return True
+        data = self.tensor._s.data
+        data[...] = value.reshape(data.shape)
+        return False
 
 
 def _torch_alias(array: np.ndarray, name: str):
@@ -344,10 +346,10 @@ class Kernel:
     def _replay(self, program: replay.Program, values: list, want: str | None):
         """A later call at a recorded signature: load its inputs (`values`, the tensor arguments in conversion order),
         rerun the recorded steps, hand out copies."""
+        use_torch = False
         for arg, value in zip(program.arguments, values, strict=True):
-            arg.load(value)
+            use_torch |= arg.load(value)
         program.run()
-        use_torch = any(_is_torch(v) for v in values)
         copier = program.copiers.get(use_torch)
         if copier is None:
             copier = program.copiers[use_torch] = _copier(program.result, use_torch)
@@ -402,7 +404,9 @@ def _copier(out, use_torch: bool):
         parts = [_copier(o, use_torch) for o in out]
         return lambda: type(out)(part() for part in parts)
     a, dtype = out._a, out.dtype
-    return lambda: _to_caller(np.array(a), dtype, use_torch)  # np.array + from_numpy beats torch's clone on tiles
+    if use_torch and dtype not in _TORCH_VIEW and dtype not in ("bool", "float8_e4m3"):
+        return lambda: torch.from_numpy(np.array(a))  # np.array + from_numpy beats torch's clone on tiles
+    return lambda: _to_caller(np.array(a), dtype, use_torch)
 
 
 def _wanted(converted, profile: Profile | None, want: str | None, kept: bool):
@@ -433,22 +437,23 @@ def _signature(args, kwargs, target: str, lnc: int, tensors: list):
     """What a kernel call's instruction stream can depend on, or None when an argument cannot be keyed. Appends the
     tensor arguments to `tensors` in the order the interpreter converts them (positional, then keyword; into
     tuples)."""
-
-    def key(value):
-        if _is_torch(value):
-            tensors.append(value)
-            return "torch", value.dtype, value.shape
-        if isinstance(value, np.ndarray):
-            tensors.append(value)
-            return "numpy", value.dtype.str, value.dtype.name, value.shape
-        if isinstance(value, tuple):
-            return tuple, tuple(key(v) for v in value)
-        return replay.static_key(value)
-
     try:
-        return target, lnc, tuple(key(a) for a in args), tuple((k, key(v)) for k, v in kwargs.items())
+        return (target, lnc, tuple([_key(a, tensors) for a in args]),
+                tuple([(k, _key(v, tensors)) for k, v in kwargs.items()]) if kwargs else ())
     except (replay.Unkeyable, TypeError):
         return None
+
+
+def _key(value, tensors: list):
+    if type(value) in _TORCH_TYPES:
+        tensors.append(value)
+        return "torch", value.dtype, value.shape
+    if isinstance(value, np.ndarray):
+        tensors.append(value)
+        return "numpy", value.dtype.str, value.dtype.name, value.shape
+    if isinstance(value, tuple):
+        return tuple, tuple([_key(v, tensors) for v in value])
+    return replay.static_key(value)
 
 
 def jit(fn=None, **kwargs):

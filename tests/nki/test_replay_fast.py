@@ -1,5 +1,6 @@
 """The lean replay paths: steps that bind their views once and compute straight into dst (`out=`), the matmul's
-bound GEMM and scratch buffer, the accumulation group's dropped fill, and the launch scope.
+bound GEMM and scratch buffer, the identity matmul without its GEMM, max/min reductions by torch, the accumulation
+group's dropped fill, and the launch scope.
 
 Every check records a kernel at one input, replays it at another and compares with a full run of that input
 (`NEURON_DYNAMO_NKI_REPLAY=0`) bit for bit (`check_replay`); the kernels below also compare the values with a NumPy
@@ -45,7 +46,8 @@ def _accumulated_matmul(lhs_t, rhs):
 
 @ndk.jit
 def _vector_scalar(x, dst_dtype):
-    """tensor_scalar with ufunc stages (in place in an fp32 dst) and with a comparison (through a store), a
+    """tensor_scalar with ufunc stages (in place in an fp32 dst) and with a comparison (its 1.0/0.0 straight into
+    the fp32 dst), a
     tensor_tensor and an exp activation with scale, bias tile and add-reduce, a TensorE transpose."""
     p, f = x.shape
     t = nl.ndarray((p, f), dtype=x.dtype, buffer=nl.sbuf)
@@ -209,3 +211,178 @@ def test_views_that_reshape_only_by_copying_are_read_and_written_in_place(monkey
     np.testing.assert_array_equal(got[:, :, :4], xs[:, :, 4:] - xs[:, :, :4])
     np.testing.assert_array_equal(got[:, :, 4:], xs[:, :, :4] * np.float32(2.0))
     check_replay(_half_swap, lambda s: (randn(128, 4, 8, seed=s),), monkeypatch)
+
+
+@ndk.jit
+def _identity_accumulate(q_t, k_t, mask, stationary=None):
+    """scores = q_tᵀ k_t in PSUM, then stationaryᵀ @ mask accumulated into it (the attention kernels add their masks
+    with the identity as stationary: `nl.shared_identity_matrix` unless a stationary is passed), evicted to HBM."""
+    d, m = q_t.shape
+    n = k_t.shape[1]
+    a = nl.ndarray((d, m), dtype=q_t.dtype, buffer=nl.sbuf)
+    b = nl.ndarray((d, n), dtype=k_t.dtype, buffer=nl.sbuf)
+    mk = nl.ndarray((m, n), dtype=mask.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=a, src=q_t)
+    nisa.dma_copy(dst=b, src=k_t)
+    nisa.dma_copy(dst=mk, src=mask)
+    if stationary is None:
+        ident = nl.shared_identity_matrix(m, dtype=nl.float32)
+    else:
+        ident = nl.ndarray((m, m), dtype=stationary.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=ident, src=stationary)
+    scores = nl.ndarray((m, n), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=scores, stationary=a, moving=b)
+    nisa.nc_matmul(dst=scores, stationary=ident, moving=mk, accumulate=True)
+    res = nl.ndarray((m, n), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=res, src=scores)
+    out = nl.ndarray((m, n), dtype=nl.float32, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=res)
+    return out
+
+
+def _masked_args(seed, bad=None):
+    """q_t [16, 64], k_t [16, 96] and a finite mask [64, 96] (-30000 on masked scores); `bad` puts that value at
+    mask[5, 7]."""
+    mask = torch.where(randn(64, 96, seed=seed + 2) > 0, 0.0, -30000.0)
+    if bad is not None:
+        mask[5, 7] = bad
+    return randn(16, 64, seed=seed), randn(16, 96, seed=seed + 1), mask
+
+
+def _gemm_count(monkeypatch) -> list:
+    calls = []
+    mm = torch.mm
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return mm(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "mm", counted)
+    return calls
+
+
+@pytest.mark.parametrize("bad", [None, float("inf"), float("-inf"), float("nan")])
+def test_identity_accumulation_is_the_documented_product(bad, monkeypatch):
+    """`dst += stationary.T @ moving` (nc_matmul) with the identity as stationary: the mask itself while it is
+    finite, without a GEMM; a non-finite entry makes its whole column non-finite (0 · inf is NaN), as the GEMM
+    computes it."""
+    q_t, k_t, mask = _masked_args(3, bad)
+    with np.errstate(invalid="ignore"):
+        want = q_t.numpy().T @ k_t.numpy() + np.eye(64, dtype=np.float32).T @ mask.numpy()
+    k = _fresh(_identity_accumulate)
+    gemms = _gemm_count(monkeypatch)
+    for _ in range(2):  # the full run, then the replay
+        got = k(q_t, k_t, mask).numpy()
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+        assert np.isfinite(got[:, 7]).any() == (bad is None)
+    assert len(gemms) == (2 if bad is None else 4)  # one GEMM per call while the mask is finite
+
+
+@pytest.mark.parametrize("bad", [None, float("inf")])
+def test_identity_accumulation_replays_as_the_full_run(bad, monkeypatch):
+    """Recorded with a finite mask, replayed with a finite one or one holding inf: both equal a full run."""
+    check_replay(_identity_accumulate, lambda s: _masked_args(s, bad if s == 2 else None), monkeypatch)
+
+
+def test_a_stationary_that_stops_being_the_identity_takes_the_gemm(monkeypatch):
+    """The stationary was the identity when the call was recorded and is another matrix at the replay: the replay
+    computes the GEMM, as the full run does."""
+    def make_args(s):
+        stationary = torch.eye(64) if s == 1 else randn(64, 64, seed=s + 5)
+        return (*_masked_args(s), stationary)
+
+    check_replay(_identity_accumulate, make_args, monkeypatch)
+
+
+@ndk.jit
+def _extremes(x):
+    """Row max, negated row min (tensor_reduce) of an fp32 tile, and the row max of its bf16 copy."""
+    p, f = x.shape
+    t = nl.ndarray((p, f), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=x)
+    low = nl.ndarray((p, f), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=low, src=t)
+    red = nl.ndarray((p, 3), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_reduce(dst=red[:, 0:1], op=nl.maximum, data=t, axis=(1,))
+    nisa.tensor_reduce(dst=red[:, 1:2], op=nl.minimum, data=t, axis=(1,), negate=True)
+    nisa.tensor_reduce(dst=red[:, 2:3], op=nl.maximum, data=low, axis=(1,))
+    out = nl.ndarray((p, 3), dtype=nl.float32, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=red)
+    return out
+
+
+def test_max_and_min_reductions_are_numpys(monkeypatch):
+    """nisa.tensor_reduce with maximum/minimum: the row's max and min, NaN when the row holds a NaN."""
+    x = randn(128, 40, seed=4)
+    x[3, 17] = float("nan")
+    xs = x.numpy()
+    want = np.stack([xs.max(axis=1), -xs.min(axis=1), _bf16_round(xs).max(axis=1)], axis=1)
+    k = _fresh(_extremes)
+    for _ in range(2):
+        np.testing.assert_array_equal(k(x).numpy(), want)
+    check_replay(_extremes, lambda s: (randn(128, 40, seed=s),), monkeypatch)
+
+
+@ndk.jit
+def _activations_in_place(x):
+    """activation in place (data is dst) with a bias column of dst's own tile and a scale, then a copy activation
+    with a scale, a bias tile and the add-reduce (ScalarE computing into an fp32 dst stage by stage)."""
+    p, f = x.shape
+    t = nl.ndarray((p, f + 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t[:, 0:f], src=x)
+    nisa.memset(dst=t[:, f:f + 1], value=0.25)
+    nisa.activation(dst=t[:, 0:f], op=nl.exp, data=t[:, 0:f], bias=t[:, f:f + 1], scale=0.5)
+    bias = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=bias, value=-1.0)
+    u = nl.ndarray((p, f), dtype=nl.float32, buffer=nl.sbuf)
+    total = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=u, op=nl.copy, data=t[:, 0:f], bias=bias, scale=2.0, reduce_op=nl.add, reduce_res=total,
+                    reduce_cmd=nisa.reduce_cmd.reset_reduce)
+    out = nl.ndarray((p, f), dtype=nl.float32, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=u)
+    sums = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=sums, src=total)
+    return out, sums
+
+
+def test_activations_computed_in_place_are_the_documented_values(monkeypatch):
+    """activation: `dst = op(data * scale + bias)`, the add-reduce summing dst's rows into reduce_res."""
+    x = randn(128, 48, seed=6)
+    e = np.exp(x.numpy() * np.float32(0.5) + np.float32(0.25))
+    want = e * np.float32(2.0) + np.float32(-1.0)
+    k = _fresh(_activations_in_place)
+    for _ in range(2):
+        out, sums = k(x)
+        np.testing.assert_allclose(out.numpy(), want, rtol=1e-6)
+        np.testing.assert_allclose(sums.numpy()[:, 0], want.sum(axis=1), rtol=1e-5)
+    check_replay(_activations_in_place, lambda s: (randn(128, 48, seed=s),), monkeypatch)
+
+
+@ndk.jit
+def _comparisons(x):
+    """tensor_scalar comparisons into integer tiles: `x > 0` into uint8, `0.5 >= x` (reverse0) into int32."""
+    p, f = x.shape
+    t = nl.ndarray((p, f), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=x)
+    pos = nl.ndarray((p, f), dtype=nl.uint8, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=pos, data=t, op0=nl.greater, operand0=0.0)
+    low = nl.ndarray((p, f), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=low, data=t, op0=nl.greater_equal, operand0=0.5, reverse0=True)
+    out_pos = nl.ndarray((p, f), dtype=nl.uint8, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out_pos, src=pos)
+    out_low = nl.ndarray((p, f), dtype=nl.int32, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out_low, src=low)
+    return out_pos, out_low
+
+
+def test_comparisons_into_integer_tiles_are_zero_or_one(monkeypatch):
+    """ALU comparisons give 1.0/0.0 (False for NaN), which an integer dst stores as 1/0."""
+    x = randn(128, 32, seed=8)
+    x[0, 0] = float("nan")
+    xs = x.numpy()
+    k = _fresh(_comparisons)
+    for _ in range(2):
+        pos, low = k(x)
+        np.testing.assert_array_equal(pos.numpy(), (xs > 0).astype(np.uint8))
+        np.testing.assert_array_equal(low.numpy(), (np.float32(0.5) >= xs).astype(np.int32))
+    check_replay(_comparisons, lambda s: (randn(128, 32, seed=s),), monkeypatch)

@@ -46,7 +46,7 @@ def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=N
     if sc_t is not None:
         ins.append(sc_t)
     scaled = sc_t is not None or read_scale() != 1.0
-    read_bias = None
+    read_bias, b_t = None, None
     if bias is not None:
         read_bias, b_t = _scalar_reader(iname, "bias", bias, p)
         if b_t is None and ctx.limits.nc_version == 2:
@@ -69,20 +69,30 @@ def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=N
     warn_range = [act_name in _ACTIVATION_RANGES]  # the range warning belongs to the first run, not to replays
 
     read = _f32_reader(data, p, f)
-    apply = _activation_into(fn, dst, p, f)  # computes the function and stores it in dst
+    compute = _activation_in_place(fn, act_name, dst, p, f, read, read_scale if scaled else None, read_bias,
+                                   [t for t in (sc_t, b_t) if t is not None])
+    if compute is None:
+        apply = _activation_into(fn, dst, p, f)  # computes the function and stores it in dst
+
+        def compute(check):
+            x = read()
+            if scaled:
+                x = x * read_scale()
+            if read_bias is not None:
+                x = x + read_bias()
+            check(x)
+            return apply(x)
+
     reset, accumulate = cmd in ("reset", "reset_reduce"), cmd in ("reduce", "reset_reduce", "load_reduce")
     store_res = None if reduce_res is None else _writer(reduce_res, p, 1)
 
-    def run():
-        x = read()
-        if scaled:
-            x = x * read_scale()
-        if read_bias is not None:
-            x = x + read_bias()
+    def check_range(x):
         if warn_range[0]:
             warn_range[0] = False
             _check_activation_range(ctx, act_name, x)
-        out = apply(x)
+
+    def run():
+        out = compute(check_range)
         if reset:
             regs[:p] = 0.0
         if accumulate:
@@ -93,6 +103,37 @@ def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=N
     _step(ctx, run, writes=(dst,) if reduce_res is None else (dst, reduce_res))
     _touch(ctx, touched)
     _record(ctx, iname, "scalar", p, f, tuple(ins), dst, act=act_name, reduce=reducing)
+
+
+_IDENTITY_ACTIVATIONS = frozenset(("copy", "identity"))
+
+
+def _activation_in_place(fn, act_name: str, dst, p: int, f: int, read, read_scale, read_bias, tiles):
+    """The activation computed stage by stage in an fp32 dst (`out=`: the same fp32 arithmetic as on temporaries,
+    without allocating them), as `compute(check) -> dst values` where `check` sees the function's input; None when
+    dst is not an fp32 view, the function no ufunc, or a scale/bias tile lives in dst's storage (a stage would
+    overwrite it before it is read)."""
+    out = _out2d(dst, p, f)
+    identity = act_name in _IDENTITY_ACTIVATIONS
+    if out is None or not (identity or isinstance(fn, np.ufunc)) or any(t._s is dst._s for t in tiles):
+        return None
+    s = dst._s
+
+    def compute(check):
+        x = read()
+        s.f32_cache = None
+        if read_scale is not None:
+            x = np.multiply(x, read_scale(), out=out)
+        if read_bias is not None:
+            x = np.add(x, read_bias(), out=out)
+        check(x)
+        if not identity:
+            return fn(x, out=out)
+        if x is not out:
+            out[...] = x
+        return out
+
+    return compute
 
 
 def _activation_into(fn, dst, p: int, f: int):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -126,7 +127,8 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
         if add:
             _reads_dst(ctx, dst)
         gemm = _gemm(ctx, operands, None if double_row else (stationary, moving), k, m, n, is_transpose)
-        run = _accumulate(gemm, dst, m, n) if add else _overwrite(gemm, dst, m, n)
+        direct = None if double_row or is_transpose else _identity_operand(stationary, moving, k, m, n)
+        run = _accumulate(gemm, dst, m, n, direct) if add else _overwrite(gemm, dst, m, n, direct)
     _step(ctx, run, writes=() if identity else (dst,))
     _touch(ctx, (stationary, moving, dst), matmul=True)
     _record(ctx, op, "tensor", k, n, (stationary, moving), dst, flops=0 if is_transpose else 2 * k * m * n,
@@ -152,6 +154,31 @@ def _gemm(ctx, operands, bindable, k: int, m: int, n: int, is_transpose: bool):
     return gemm
 
 
+def _identity_operand(stationary: NkiTensor, moving: NkiTensor, k: int, m: int, n: int):
+    """Where the stationary tile is the identity (kernels add masks into PSUM scores as identityᵀ @ mask), a function
+    giving `moving` as the product without the GEMM, or None when the GEMM must run: Iᵀ @ moving is moving exactly
+    (every other product is ±0) as long as moving is finite (0 · inf would be NaN). Only a stationary that was the
+    identity when the instruction was recorded is watched (else None); the verdict on it is kept in its storage's
+    `f32_cache`, which every write drops."""
+    if k != m or stationary._dt != "float32" or moving._dt != "float32":
+        return None
+    s_view, mv = _view_2d(stationary._a, k, m), _view_2d(moving._a, k, n)
+    if s_view is None or mv is None or not _is_identity(s_view):
+        return None
+    storage, key = stationary._s, ("identity", s_view.__array_interface__["data"][0], s_view.shape, s_view.strides)
+
+    def product():
+        cache = storage.f32_cache
+        if cache is None:
+            cache = storage.f32_cache = {}
+        verdict = cache.get(key)
+        if verdict is None:
+            verdict = cache[key] = _is_identity(s_view)
+        return mv if verdict and np.isfinite(mv).all() else None
+
+    return product
+
+
 def _torch_2d(t: NkiTensor, rows: int, cols: int):
     """`t` as a torch fp32 [rows, cols] tensor sharing its memory, or None (another dtype needs the per-call cast;
     a view that reshapes only by copying would go stale)."""
@@ -173,41 +200,64 @@ def _scratch(ctx, m: int, n: int):
     return buf
 
 
-def _overwrite(gemm, dst: NkiTensor, m: int, n: int):
-    """dst = the GEMM: straight into dst when it is a contiguous fp32 view, else through the scratch buffer."""
+def _overwrite(gemm, dst: NkiTensor, m: int, n: int, direct=None):
+    """dst = the GEMM (or `direct()`'s values, see `_identity_operand`): straight into dst when it is an fp32 view
+    with rows of adjacent elements (torch's GEMM takes the row stride), else through the scratch buffer."""
     ctx = current()
     out = _out2d(dst, m, n)
-    if out is not None and out.flags.c_contiguous:
+    if out is not None and out.strides[1] == out.itemsize and out.strides[0] >= 0:
         s, target = dst._s, torch.from_numpy(out)
 
         def run():
             s.f32_cache = None
-            gemm(target)
+            values = None if direct is None else direct()
+            if values is None:
+                gemm(target)
+            else:
+                out[...] = values
         return run
     buf, store = _scratch(ctx, m, n), _writer(dst, m, n)
     result = buf.numpy()
-    return lambda: (gemm(buf), store(result))
+
+    def run():
+        values = None if direct is None else direct()
+        if values is None:
+            gemm(buf)
+            values = result
+        store(values)
+    return run
 
 
-def _accumulate(gemm, dst: NkiTensor, m: int, n: int):
-    """dst += the GEMM, in fp32 (PSUM accumulation); a bf16 dst (trn3) adds in fp32 and rounds."""
+def _accumulate(gemm, dst: NkiTensor, m: int, n: int, direct=None):
+    """dst += the GEMM (or `direct()`'s values), in fp32 (PSUM accumulation); a bf16 dst (trn3) adds in fp32 and
+    rounds."""
     buf = _scratch(current(), m, n)
     result = buf.numpy()
     out = _out2d(dst, m, n)
-    if out is not None:
-        s = dst._s
+    s, store = dst._s, None if out is not None else _writer(dst, m, n)
 
-        def run():
+    def run():
+        values = None if direct is None else direct()
+        if values is None:
             gemm(buf)
-            s.f32_cache = None
-            np.add(out, result, out=out)
-        return run
-    store = _writer(dst, m, n)
-    return lambda: (gemm(buf), store(dtypes.as_f32(dst._a).reshape(m, n) + result))
+            values = result
+        if store is not None:
+            store(dtypes.as_f32(dst._a).reshape(m, n) + values)
+            return
+        s.f32_cache = None
+        np.add(out, values, out=out)
+    return run
 
 
 def _is_identity(moving: np.ndarray) -> bool:
-    return np.array_equal(moving, np.eye(moving.shape[0], dtype=np.float32))
+    return np.array_equal(moving, _eye(moving.shape[0]))
+
+
+@functools.cache
+def _eye(n: int) -> np.ndarray:
+    eye = np.eye(n, dtype=np.float32)
+    eye.flags.writeable = False
+    return eye
 
 
 def _accumulates(dst: NkiTensor, psum_accumulate_flag, accumulate) -> bool:
@@ -263,7 +313,24 @@ def nc_transpose(dst, data, engine=engine.unknown, name=None):
     if src is None:  # a copy made now would go stale: read the view at every run
         _step(ctx, lambda: dst._write(_rows(data, p, f).T))
     else:
-        store = _writer(dst, f, p)
-        _step(ctx, lambda: store(src.T), writes=(dst,))
+        _step(ctx, _transposer(ctx, src, _writer(dst, f, p)), writes=(dst,))
     _touch(ctx, (data, dst))
     _record(ctx, op, eng, p, f, (data,), dst)
+
+
+def _transposer(ctx, src: np.ndarray, store):
+    """The step storing `src.T`. Read column by column, a tile whose rows lie far apart in a wider allocation (a
+    block of a [128, 2048] score tile) lands its rows on the same few cache sets, and the copy gets several times
+    slower: such a source is first copied row by row into a contiguous buffer of the launch."""
+    p, f = src.shape
+    if src.flags.c_contiguous or min(p, f) < 32:
+        return lambda: store(src.T)
+    key = ("transpose", p, f, src.dtype.str)
+    buf = ctx.launch.scratch.get(key)
+    if buf is None:
+        buf = ctx.launch.scratch[key] = np.empty((p, f), dtype=src.dtype)
+
+    def run():
+        buf[...] = src
+        store(buf.T)
+    return run

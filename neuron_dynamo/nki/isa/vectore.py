@@ -33,7 +33,7 @@ from neuron_dynamo.nki.isa.operands import (
     _view_2d,
     _writer,
 )
-from neuron_dynamo.nki.ops import resolve_alu
+from neuron_dynamo.nki.ops import out_ufunc, resolve_alu
 from neuron_dynamo.nki.tensor import NkiTensor
 
 
@@ -87,7 +87,8 @@ def memset(dst, value, engine=engine.unknown, name=None):
         _fail("memset-value", f"{op}: value {value!r} is a float but dst is {dst._dt}; pass an integer value")
     p, f = _pf(dst)
     fill = np.full((p, f), value, dtype=np.int64 if dtypes.is_int(dst._dt) else np.float32)
-    _step(ctx, lambda: dst._write(fill))
+    store = _writer(dst, p, f)
+    _step(ctx, lambda: store(fill), writes=(dst,))
     _touch(ctx, (dst,))
     _record(ctx, op, eng, p, f, (), dst, value=float(value))
 
@@ -178,14 +179,14 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
 def _elementwise(fn, readers, dst: NkiTensor, p: int, f: int):
     """The step `dst = fn(*inputs)` in fp32: a NumPy ufunc computes straight into an fp32 dst (`out=`, the same
     element-wise arithmetic without the temporary and its copy); anything else stores through `_writer`."""
-    out = _out2d(dst, p, f)
-    if out is not None and isinstance(fn, np.ufunc):
+    out, ufunc = _out2d(dst, p, f), out_ufunc(fn)
+    if out is not None and ufunc is not None:
         s = dst._s
         read1, read2 = readers
 
         def run():
             s.f32_cache = None
-            fn(read1(), read2(), out=out)
+            ufunc(read1(), read2(), out=out)
         return run
     store, (read1, read2) = _writer(dst, p, f), readers
     return lambda: store(fn(read1(), read2()))
@@ -193,11 +194,25 @@ def _elementwise(fn, readers, dst: NkiTensor, p: int, f: int):
 
 def _stages(read, stages, dst: NkiTensor, p: int, f: int):
     """The step `dst = ((x op0 v0) op1 v1)` of tensor_scalar: with ufunc operators and an fp32 dst, each stage
-    computes in place in dst (`out=`); else stage by stage into temporaries, then one store."""
+    computes in place in dst (`out=`); a lone comparison writes its 0/1 straight into an integer dst (the values
+    the fp32 1.0/0.0 convert to); else stage by stage into temporaries, then one store."""
     out = _out2d(dst, p, f)
-    if out is not None and all(isinstance(alu.fn, np.ufunc) for alu, _, _ in stages):
+    compare = getattr(stages[0][0].fn, "into", None) if len(stages) == 1 else None
+    ints = _view_2d(dst._a, p, f) if compare is not None and dst._a.dtype.kind in "iu" else None
+    if ints is not None and ints.flags.writeable:
+        s, (_, operand, rev) = dst._s, stages[0]
+
+        def run():
+            s.f32_cache = None
+            x = read()
+            if rev:
+                compare(operand(), x, out=ints)
+            else:
+                compare(x, operand(), out=ints)
+        return run
+    if out is not None and all(out_ufunc(alu.fn) is not None for alu, _, _ in stages):
         s = dst._s
-        plan = tuple((alu.fn, operand, rev) for alu, operand, rev in stages)
+        plan = tuple((out_ufunc(alu.fn), operand, rev) for alu, operand, rev in stages)
 
         def run():
             s.f32_cache = None
@@ -228,8 +243,13 @@ def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False
     if a0.kind != "arith" or a1.kind != "arith":
         _fail("alu-kind", f"{iname}: op0 and op1 must be arithmetic operators")
     read0, t0 = _scalar_reader(iname, "operand0", operand0, p)
-    _step(ctx, lambda: dst._write(_apply(a1, _apply(a0, _f32(data, p, f), read0(), reverse0), _f32(operand1, p, f),
-                                         reverse1)))
+    read1 = _f32_reader(operand1, p, f)
+    if all(t._s is not dst._s for t in (t0, operand1) if t is not None):  # stage 1 in dst clobbers no operand
+        run = _stages(_f32_reader(data, p, f), ((a0, read0, reverse0), (a1, read1, reverse1)), dst, p, f)
+        _step(ctx, run, writes=(dst,))
+    else:
+        _step(ctx, lambda: dst._write(_apply(a1, _apply(a0, _f32(data, p, f), read0(), reverse0), read1(),
+                                             reverse1)))
     ins = (data, operand1) if t0 is None else (data, t0, operand1)
     _touch(ctx, (*ins, dst))
     _record(ctx, iname, "vector", p, f, ins, dst, alu_op=a1.name)
@@ -242,7 +262,8 @@ def reciprocal(dst, data, name=None):
     dst = _onchip(op, "dst", dst)
     data = _onchip(op, "data", data)
     p, f = _same_layout(op, ("data", "dst"), data, dst)
-    _step(ctx, lambda: dst._write(np.float32(1.0) / _f32(data, p, f)))
+    one = np.float32(1.0)
+    _step(ctx, _elementwise(np.divide, (lambda: one, _f32_reader(data, p, f)), dst, p, f), writes=(dst,))
     _touch(ctx, (data, dst))
     _record(ctx, op, "vector", p, f, (data,), dst)
 
