@@ -348,7 +348,12 @@ class Kernel:
         rerun the recorded steps, hand out copies."""
         use_torch = False
         for arg, value in zip(program.arguments, values, strict=True):
-            use_torch |= arg.load(value)
+            alias = arg.alias
+            if alias is None or alias is False or type(value) not in _TORCH_TYPES:
+                use_torch |= arg.load(value)
+            else:  # `load`'s torch path once the alias exists, without its calls
+                alias.copy_(value.detach() if value.requires_grad else value)
+                use_torch = True
         program.run()
         copier = program.copiers.get(use_torch)
         if copier is None:
@@ -438,16 +443,30 @@ def _signature(args, kwargs, target: str, lnc: int, tensors: list):
     tensor arguments to `tensors` in the order the interpreter converts them (positional, then keyword; into
     tuples)."""
     try:
-        return (target, lnc, tuple([_key(a, tensors) for a in args]),
+        keys = []
+        for a in args:  # `_key`, with its two commonest cases inline (a launch's hot path)
+            kind = type(a)
+            if kind in _TORCH_TYPES:
+                tensors.append(a)
+                keys.append(("torch", a.dtype, a.shape))
+            else:
+                keys.append((kind, a) if kind in _SCALARS else _key(a, tensors))
+        return (target, lnc, tuple(keys),
                 tuple([(k, _key(v, tensors)) for k, v in kwargs.items()]) if kwargs else ())
     except (replay.Unkeyable, TypeError):
         return None
 
 
+_SCALARS = frozenset((int, str, bool, type(None)))  # keyed as `replay.static_key` keys them, without its checks
+
+
 def _key(value, tensors: list):
-    if type(value) in _TORCH_TYPES:
+    kind = type(value)
+    if kind in _TORCH_TYPES:
         tensors.append(value)
         return "torch", value.dtype, value.shape
+    if kind in _SCALARS:
+        return kind, value
     if isinstance(value, np.ndarray):
         tensors.append(value)
         return "numpy", value.dtype.str, value.dtype.name, value.shape

@@ -52,9 +52,10 @@ def launch(kernel: Any, *args: Any, **kwargs: Any) -> Any:
 
     A kernel of the genuine `nki` package (a Trainium host) has no interpreter profile: it just runs.
     """
-    if not hasattr(kernel, "estimated"):
+    estimated = getattr(kernel, "estimated", None)
+    if estimated is None:
         return kernel(*args, **kwargs)
-    result, estimated_ns = kernel.estimated(*args, **kwargs)
+    result, estimated_ns = estimated(*args, **kwargs)
     stack = getattr(_local, "stack", None)
     if stack:
         stack[-1].ns += estimated_ns

@@ -146,6 +146,19 @@ def test_a_new_shape_or_dtype_records_again(monkeypatch):
     assert len(k._programs.values()) == 3
 
 
+def test_a_launch_keys_its_plain_arguments_as_static_key_does():
+    """The launch path keys tensors and plain scalars inline: the key must stay the one `replay.static_key` gives,
+    so 1 and True (or 1 and 1.0) remain different compile-time arguments with their own recordings."""
+    x = randn(128, 128, seed=1)
+    plain = (1, True, None, "none", 1.0, (2, False))
+    tensors: list = []
+    key = runtime._signature((x, *plain), {}, "trn2", 1, tensors)
+    assert len(tensors) == 1 and tensors[0] is x
+    assert key[2][0] == ("torch", x.dtype, x.shape)
+    assert key[2][1:] == tuple(replay.static_key(v) for v in plain)
+    assert len({key[2][1], key[2][2], key[2][5]}) == 3
+
+
 def test_strided_and_aliased_arguments_replay_as_the_full_run(monkeypatch):
     """A kernel reads its own contiguous copy of every argument, so a caller's strides or two arguments sharing
     memory change nothing the recorded stream depends on: the replay loads the values and matches a full run."""
