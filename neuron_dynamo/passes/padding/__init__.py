@@ -23,28 +23,35 @@ Rules, over a padded dim (`mask` = the analysis inserts `masked_fill(pad region,
 | op family | rule |
 |---|---|
 | graph inputs | padded with 0 at the tail of each dynamic dim; when that is refused, a dim sized `c·s` (a flattened |
-|   | `[c, s]`: a saved activation in a backward graph) is padded as `[c, s]` (merged), and the proof runs again |
+|   | `[c, s]`: a saved activation in a backward graph) or `s**2` (a flattened square pair map) is padded as |
+|   | `[c, s]` or `[s, s]` (merged), and the proof runs again |
 | element-wise (`Tag.pointwise`), casts | safe. Pad kind computed exactly when every padded operand holds a constant |
 |   | (0, -inf); else int/bool results FINITE, 0 * finite = 0, bounded ops (tanh, relu) keep FINITE, others UNKNOWN; |
 |   | an integer `//`, `%`, fmod, div(rounding_mode) masks the divisor's pad to 1 (eager raises on 0) |
 | view, reshape, (un)squeeze | safe while the padded dim stays a dim; a merge with other dims is followed as a |
 |   | *merged* dim (padding interleaved), which only element-wise ops, matmul, reductions, softmax, norms |
 |   | and scatters may consume; a split must cut at factor boundaries (a tail-padded product `2*s`, the merge |
-|   | of `[s, 2]` with `s` outermost, splits back as `[s, 2]` only) |
+|   | of `[s, 2]` with `s` outermost, splits back as `[s, 2]` only). Sizes are read with exact floor divisions |
+|   | written as quotients (`(s**2) // s` is `s`) |
 | view_as_complex, view_as_real | safe: the dims keep their padding (the size-2 real/imaginary pair dim is static, |
 |   | never padded; a padded dim split into pairs is refused by the view rule). A complex pad kind is `kind + 0j`; |
 |   | each part of a -inf pad: UNKNOWN. _conj, resolve_conj, resolve_neg, real, imag, complex, polar: element-wise; |
 |   | on complex numbers only neg, conj and the parts are bounded (tanh has poles there, sin and cos grow like sinh) |
-| permute, transpose, expand | dims follow; a broadcast to a padded size fills the pad with real data (UNKNOWN) |
+| permute, transpose, expand, repeat | dims follow; a broadcast (or tiling) to a padded size fills the pad with |
+|   | real data (UNKNOWN); a padded dim tiled more than once: refuse |
 | slice, narrow, select | constant start >= 0: safe. A tail slice `x[:, -k:]` (the last position's logits): read |
-|   | at the real end (a gather). Other starts counted from the end (`x[:, -1]`): refuse. A start, |
+|   | at the real end (a gather). Other starts counted from the end (`x[:, -1]`): refuse. A slice to the end of |
+|   | a dim from a start computed from a dynamic size (`x[:, n:]`, `x[:, -n:]`): `x[-n:]` of `n + c` elements |
+|   | starts at c; others are read where they begin at the real sizes (a gather, clamped). Any other start, |
 |   | index or (unpadded) end computed from a dynamic size (`table[x.shape[1] - 1]`), of any tensor: refuse |
 | cat / split, unbind | along unpadded dims safe; along a padded dim the last operand may be padded; one padded |
 |   | operand followed by unpadded ones (a KV cache and the new keys): those are moved up to its real end (gather); |
 |   | `split_with_sizes` of a tail-padded dim whose pieces but the last are unpadded: safe; other splits refuse |
 | stack | safe: the new dim is unpadded, the others keep the operands' pads (mixed kinds: UNKNOWN) |
 | constant_pad_nd | right padding of a padded dim: the fill is moved to the real end (mask); a crop at the start |
-|   | (negative left pad: a causal conv's backward) keeps the tail; a crop at the end: refuse |
+|   | (negative left pad: a causal conv's backward) keeps the tail; a crop at the end: refuse. A left pad as |
+|   | wide as a dynamic size on an unpadded dim (`F.pad(mask, (n, 0))`): a cat of the fill and the data, the data |
+|   | moved up to the fill's real end (gather); on a padded dim: refuse |
 | mm, bmm, addmm, baddbmm, mv, dot | contraction safe when one operand's pad is ZERO and the other's ZERO or FINITE; |
 |   | else mask operands to 0 |
 | sum, any / amax, max, argmax, logsumexp | need the neutral pad 0 / -inf, else mask to it (+inf: min, 1: prod) |

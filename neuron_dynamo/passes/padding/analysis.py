@@ -40,6 +40,7 @@ from neuron_dynamo.passes.padding.state import (
     _tensor_overload,
     graph_outputs,
     rule,
+    shape_exprs,
 )
 
 log = logging.getLogger("neuron_dynamo.passes.padding")
@@ -83,14 +84,18 @@ def _prove(gm: fx.GraphModule, symbols: tuple[sympy.Symbol, ...], merged_inputs:
 
 
 def merged_factors(expr: sympy.Expr, symbols: Sequence[sympy.Symbol]) -> tuple[sympy.Expr, ...] | None:
-    """The factors of a product size `2*s` (constants outermost, then symbols in `symbols` order), or None."""
+    """The factors of a product size `2*s` or `s**2` (constants outermost, then symbols in `symbols` order), or
+    None."""
     expr = sympy.sympify(expr)
-    if not isinstance(expr, sympy.Mul) or not expr.free_symbols & set(symbols):
+    if not isinstance(expr, (sympy.Mul, sympy.Pow)) or not expr.free_symbols & set(symbols):
         return None
-    if not all(arg.is_Integer or arg.is_Symbol for arg in expr.args):
+    args = []
+    for arg in expr.args if isinstance(expr, sympy.Mul) else (expr,):  # s**2: the factors s, s
+        args += [arg.base] * int(arg.exp) if arg.is_Pow and arg.exp.is_Integer and arg.exp > 0 else [arg]
+    if not all(arg.is_Integer or arg.is_Symbol for arg in args):
         return None
     order = {symbol: i for i, symbol in enumerate(symbols)}
-    return tuple(sorted(expr.args, key=lambda arg: (not arg.is_Integer, order.get(arg, len(order)), str(arg))))
+    return tuple(sorted(args, key=lambda arg: (not arg.is_Integer, order.get(arg, len(order)), str(arg))))
 
 
 def _outer_first(gm: fx.GraphModule, symbols: Sequence[sympy.Symbol]) -> list[sympy.Symbol]:
@@ -296,7 +301,7 @@ class Analysis:
     def _like_value(self, value, mapped, kind):
         if not isinstance(value, torch.Tensor):
             return None
-        exprs = [sympy.sympify(s.node.expr if isinstance(s, torch.SymInt) else int(s)) for s in value.shape]
+        exprs = shape_exprs(value)
         return self.shaped(exprs, mapped if len(exprs) == len(mapped) else (), kind)
 
     def _unpadded_outputs(self, node: fx.Node):
@@ -308,7 +313,7 @@ class Analysis:
     def _fresh_from_value(self, value, kind: Pad):
         if not isinstance(value, torch.Tensor):
             return None
-        exprs = [sympy.sympify(s.node.expr if isinstance(s, torch.SymInt) else int(s)) for s in value.shape]
+        exprs = shape_exprs(value)
         return self._fresh(exprs, kind)
 
     def out(self, node: fx.Node, kind: Pad = Pad.UNKNOWN, bound=None) -> TensorPad | None:

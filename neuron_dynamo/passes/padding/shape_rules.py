@@ -7,7 +7,16 @@ import torch
 import torch.fx as fx
 
 from neuron_dynamo.passes.padding.analysis import Analysis
-from neuron_dynamo.passes.padding.state import DimPad, Pad, SymValue, TensorPad, _classify_scalar, _exprs, rule
+from neuron_dynamo.passes.padding.state import (
+    DimPad,
+    Pad,
+    SymValue,
+    TensorPad,
+    _classify_scalar,
+    _exprs,
+    rule,
+    shape_exprs,
+)
 
 aten = torch.ops.aten
 
@@ -150,6 +159,24 @@ def _expand(self: Analysis, node: fx.Node):
     return TensorPad(tuple(out), state.bound if state else None)
 
 
+@rule(aten.repeat)
+def _repeat(self: Analysis, node: fx.Node):
+    """Tiling. A padded dim repeated once keeps its padding; an unpadded dim tiled a dynamic number of times
+    (`mask.view(b, 1, 1, n).repeat(1, 1, n, 1)`) fills the pad with copies of real data, as expand does. A padded
+    dim tiled more than once would interleave padding with real data: refused."""
+    state = self.tensor(node.args[0])
+    src, dst = _exprs(node.args[0]), _exprs(node)
+    src_dims = state.dims if state else tuple(None for _ in src)
+    offset = len(dst) - len(src)
+    out = []
+    for d, expr in enumerate(dst):
+        padded = src_dims[d - offset] if d >= offset else None
+        if padded is not None and sympy.expand(expr - src[d - offset]) != 0:
+            self.refuse(node, "tiling a padded dim would interleave padding with real data")
+        out.append(padded if padded is not None else DimPad(expr, Pad.UNKNOWN) if self.is_padded(expr) else None)
+    return TensorPad(tuple(out), state.bound if state else None)
+
+
 def _const_int(self: Analysis, node: fx.Node, value, what: str) -> int | None:
     """`value` as a plain int, refusing when it depends on a bucketed size."""
     if value is None:
@@ -178,12 +205,17 @@ def _slice(self: Analysis, node: fx.Node):
         start, step = args.get("start"), args.get("step", 1)
         if not self.is_padded(dst[dim]):  # an end that depends on a size must be where a padded dim ends
             _const_int(self, node, args.get("end"), "the slice end")
+    begin = _sized_start(self, start, src[dim], dst[dim]) if not padded_src or out[dim].is_tail else None
+    if begin is not None and _const_int(self, node, step, "the slice step") == 1:
+        if not begin.is_Integer:
+            return _read_at_real(self, node, state, dim, begin)
+        start = int(begin)  # `x[-n:]` of n + c elements starts at c, at any sizes
     start = _const_int(self, node, start, "the slice start")  # a position computed from a size: refused
     if padded_src or self.is_padded(dst[dim]):
         start = _const_int(self, node, start, "the slice start") or 0
         step = _const_int(self, node, step, "the slice step")
         if start < 0 and padded_src and step == 1 and out[dim].is_tail and dst[dim] == -start:
-            return _tail_slice(self, node, state, dim, -start)
+            return _read_at_real(self, node, state, dim, src[dim] + start)
         if start < 0:
             self.refuse(node, "a slice counted from the end of a padded dim would read padding")
         if step != 1 and start != 0:
@@ -199,21 +231,59 @@ def _slice(self: Analysis, node: fx.Node):
     return TensorPad(tuple(out), state.bound if state else None)
 
 
-def _tail_slice(self: Analysis, node: fx.Node, state: TensorPad, dim: int, count: int) -> TensorPad:
-    """`x[:, -count:]` of a padded dim (the last position's logits): read at the real end instead, a gather at
-    `real - count + arange(count)`. The result is unpadded along `dim`."""
+def _sized_start(self: Analysis, start, size: sympy.Expr, length: sympy.Expr) -> sympy.Expr | None:
+    """Where a slice to the end of a dim of `size` elements begins when its start is computed from the dynamic
+    sizes: `x[n:]` at n, `x[-n:]` at `size - n` (`length`, the sliced size, says which way the traced slice went)."""
+    state = self.state.get(start) if isinstance(start, fx.Node) else None
+    if not isinstance(state, SymValue) or not state.bucketed:
+        return None
+    if self.is_padded(length) and not _grows(length):  # `buffer[n:]`: a bucket's n would read fewer elements
+        return None
+    if sympy.expand(length - size + state.expr) == 0:
+        return state.expr
+    if sympy.expand(length + state.expr) == 0:
+        return sympy.expand(size + state.expr)
+    return None
+
+
+def _grows(expr: sympy.Expr) -> bool:
+    """Whether a size expression never decreases as its symbols grow, by its form: symbols and non-negative
+    integers under sums, products, powers and floor divisions by a positive integer (`n // 2` grows; `100 - n` and
+    `n - n // 2`, which does, are not recognised)."""
+    if expr.is_Symbol or (expr.is_Integer and expr >= 0):
+        return True
+    if isinstance(expr, (sympy.Add, sympy.Mul)):
+        return all(_grows(arg) for arg in expr.args)
+    if isinstance(expr, sympy.Pow):
+        return _grows(expr.base) and expr.exp.is_Integer and expr.exp > 0
+    if type(expr).__name__ == "FloorDiv":
+        return _grows(expr.args[0]) and expr.args[1].is_Integer and expr.args[1] > 0
+    return False
+
+
+def _read_at_real(self: Analysis, node: fx.Node, state: TensorPad | None, dim: int, begin: sympy.Expr) -> TensorPad:
+    """A slice to the end of a tail-padded (or unpadded) dim, read where it begins at the real sizes: the last
+    position's logits `x[:, -1:]`, the text after n image tokens `x[:, n:]`, the last n rows of a table `t[-n:]`.
+    A gather at `real(begin) + arange(count)`; a dynamic count is clamped into the dim (its pad then holds real
+    data), and the result is padded along `dim` as the count is."""
+    size, count = _exprs(node.args[0])[dim], _exprs(node)[dim]
+    sized = self.is_padded(count)
     users = list(node.users)
     with self.graph.inserting_before(node.next):
-        positions = self.graph.call_function(aten.arange.default, (count,), {"device": node.meta["val"].device})
-        start = self.graph.call_function(aten.sub.Tensor, (self.real(_exprs(node.args[0])[dim]), count))
-        index = self.graph.call_function(aten.add.Tensor, (positions, start))
-        tail = self.graph.call_function(aten.index_select.default, (node.args[0], dim, index))
-    tail.meta["val"] = node.meta["val"]
+        positions = self.graph.call_function(aten.arange.default, (self.sym(count),),
+                                             {"device": node.meta["val"].device})
+        index = self.graph.call_function(aten.add.Tensor, (positions, self.real(begin)))
+        if sized:
+            index = self.graph.call_function(aten.clamp.default, (index, None, self.sym(size - 1)))
+        read = self.graph.call_function(aten.index_select.default, (node.args[0], dim, index))
+    read.meta["val"] = node.meta["val"]
     for user in users:
-        user.replace_input_with(node, tail)
-    result = TensorPad(state.dims[:dim] + (None,) + state.dims[dim + 1:], state.bound)
-    self.state[tail] = result
-    self.masks.append(f"{node.name}: the last {count} position(s) read at the real end")
+        user.replace_input_with(node, read)
+    dims = state.dims if state else tuple(None for _ in _exprs(node))
+    result = TensorPad(dims[:dim] + (DimPad(count, Pad.UNKNOWN) if sized else None,) + dims[dim + 1:],
+                       state.bound if state else None)
+    self.state[read] = result
+    self.masks.append(f"{node.name}: {count} position(s) from {begin} read at the real sizes")
     return result
 
 
@@ -268,13 +338,19 @@ def _compact_cat(self: Analysis, node: fx.Node, tensors: list[fx.Node], dim: int
     `cat[index]`, index = i below the real end, i + (bucket - real) from there (clamped: the pad holds real data)."""
     position = next(k for k, t in enumerate(tensors) if self.is_padded(_exprs(t)[dim]))
     before = sum((_exprs(t)[dim] for t in tensors[:position]), sympy.Integer(0))
-    padded = _exprs(tensors[position])[dim]
+    return _move_up(self, node, dim, before + _exprs(tensors[position])[dim], _exprs(tensors[position])[dim],
+                    "the operands after the padded one moved up to its real end")
+
+
+def _move_up(self: Analysis, node: fx.Node, dim: int, end: sympy.Expr, padded: sympy.Expr, why: str) -> fx.Node:
+    """`node`'s positions from `end` on moved up by `padded`'s padding (its bucket minus real size): the gather
+    `node[index]` that its users read instead (clamped: the pad then holds real data)."""
     size = _exprs(node)[dim]
     users = list(node.users)
     with self.graph.inserting_before(node.next):
         positions = self.graph.call_function(aten.arange.default, (self.sym(size),),
                                              {"device": node.meta["val"].device})
-        beyond = self.graph.call_function(aten.ge.Tensor, (positions, self.real(before + padded)))
+        beyond = self.graph.call_function(aten.ge.Tensor, (positions, self.real(end)))
         gap = self.graph.call_function(aten.rsub.Scalar, (self.real(padded), self.sym(padded)))
         shift = self.graph.call_function(aten.mul.Tensor, (beyond, gap))
         index = self.graph.call_function(aten.add.Tensor, (positions, shift))
@@ -283,7 +359,7 @@ def _compact_cat(self: Analysis, node: fx.Node, tensors: list[fx.Node], dim: int
     compacted.meta["val"] = node.meta["val"]
     for user in users:
         user.replace_input_with(node, compacted)
-    self.masks.append(f"{node.name}: the operands after the padded one moved up to its real end")
+    self.masks.append(f"{node.name}: {why}")
     return compacted
 
 
@@ -323,8 +399,7 @@ def _split(self: Analysis, node: fx.Node):
 def _split_padded_tail(self: Analysis, node: fx.Node, state: TensorPad, dim: int):
     """split_with_sizes along a padded dim whose pad is its tail: safe when only the last piece's size is padded
     (`cat([text, image]).split([text_len, image_len])`): the other pieces are real data, the last keeps the tail."""
-    pieces = [[sympy.sympify(s.node.expr if isinstance(s, torch.SymInt) else int(s)) for s in value.shape]
-              for value in node.meta["val"]]
+    pieces = [shape_exprs(value) for value in node.meta["val"]]
     if (node.target.overloadpacket is not aten.split_with_sizes or not state.dims[dim].is_tail
             or any(self.is_padded(shape[dim]) for shape in pieces[:-1])):
         self.refuse(node, "splitting along a padded dim would put padding inside the first pieces")
@@ -343,10 +418,15 @@ def _constant_pad(self: Analysis, node: fx.Node):
     rank = len(src)
     out = list(state.dims) if state else [None] * rank
     dst = _exprs(node)
-    needs_fill = []
+    needs_fill, sized = [], []
     for k in range(len(pads) // 2):
         d = rank - 1 - k
-        left = _const_int(self, node, pads[2 * k], "the pad width")
+        width = self.state.get(pads[2 * k]) if isinstance(pads[2 * k], fx.Node) else None
+        if out[d] is None and isinstance(width, SymValue) and width.bucketed and _grows(width.expr):
+            sized.append((d, width.expr))  # `F.pad(mask, (n, 0))` in front of an unpadded dim: see below
+            left = 0
+        else:
+            left = _const_int(self, node, pads[2 * k], "the pad width")
         right = _const_int(self, node, pads[2 * k + 1], "the pad width")
         if out[d] is None:
             continue
@@ -355,6 +435,8 @@ def _constant_pad(self: Analysis, node: fx.Node):
         out[d] = DimPad(dst[d], out[d].kind)
         if right > 0:
             needs_fill.append((d, src[d] + left))
+    if sized:
+        return _sized_left_pad(self, node, out, sized, needs_fill)
     result = TensorPad(tuple(out), None)
     if needs_fill:
         # The pad op writes `value` after the *bucket* end; move it to the real end.
@@ -375,3 +457,16 @@ def _constant_pad(self: Analysis, node: fx.Node):
                   for i, p in enumerate(out)), None)
         self.masks.append(f"{node.name}: pad value written at the real end")
     return result
+
+
+def _sized_left_pad(self: Analysis, node: fx.Node, out: list, sized: list, needs_fill: list) -> TensorPad:
+    """A left pad as wide as a dynamic size `n` in front of an unpadded dim (HunyuanVideo 1.5 pads the text mask
+    in front by the image length): `cat([full(n, value), x])`, a padded operand followed by an unpadded one. As in
+    `cat`, x is moved up to the fill's real end, so the padding is the dim's tail (holding real data)."""
+    if len(sized) > 1 or needs_fill:
+        self.refuse(node, "a pad as wide as a dynamic size, with other padding in the same op")
+    dim, width = sized[0]
+    out[dim] = DimPad(_exprs(node)[dim], Pad.UNKNOWN)
+    state = TensorPad(tuple(out), None)
+    self.state[_move_up(self, node, dim, width, width, "the padded data moved up to the real end of the pad")] = state
+    return state

@@ -11,6 +11,7 @@ from collections.abc import Callable
 import sympy
 import torch
 import torch.fx as fx
+from torch.utils._sympy.functions import FloorDiv
 
 from neuron_dynamo.errors import NeuronDynamoError
 
@@ -120,9 +121,29 @@ def graph_outputs(output: fx.Node) -> list:
 
 def _exprs(node: fx.Node) -> list[sympy.Expr] | None:
     value = node.meta.get("val") if isinstance(node, fx.Node) else None
-    if not isinstance(value, torch.Tensor):
-        return None
-    return [sympy.sympify(s.node.expr if isinstance(s, torch.SymInt) else int(s)) for s in value.shape]
+    return shape_exprs(value) if isinstance(value, torch.Tensor) else None
+
+
+def shape_exprs(value: torch.Tensor) -> list[sympy.Expr]:
+    """The sizes of a (fake) tensor as sympy expressions."""
+    return [exact_quotients(sympy.sympify(s.node.expr if isinstance(s, torch.SymInt) else int(s)))
+            for s in value.shape]
+
+
+def exact_quotients(expr: sympy.Expr) -> sympy.Expr:
+    """`expr` with each floor division that divides exactly written as the quotient, innermost first: `(s**2) // s`
+    is `s` (a square pair map viewed back from its rows)."""
+    if not expr.has(FloorDiv):
+        return expr
+    expr = expr.func(*(exact_quotients(arg) for arg in expr.args))
+    if not isinstance(expr, FloorDiv):
+        return expr
+    quotient = sympy.cancel(expr.args[0] / expr.args[1])
+    if quotient.has(FloorDiv) or not quotient.is_polynomial() or sympy.fraction(quotient)[1] != 1:
+        return expr
+    integral = all(c.is_Integer for c in sympy.Poly(quotient, *quotient.free_symbols).coeffs()) if \
+        quotient.free_symbols else quotient.is_Integer
+    return quotient if integral else expr
 
 
 def _dtype(node: fx.Node) -> torch.dtype | None:
