@@ -358,7 +358,7 @@ class BucketedGraph:
         if not may_have_stored_program(self._layout_at(real)):  # most calls: no need to specialise the graph
             return False
         try:
-            static = specialize(self.gm, real)
+            static = specialize(self.gm, real, strided=True)
         except SpecializationError:
             return False
         return has_stored_program(static.gm, static.example_inputs)
@@ -384,7 +384,7 @@ class BucketedGraph:
         if key not in self._programs:
             start = time.perf_counter()
             graph = self.proof.graph if padded else self.gm
-            static = specialize(graph, sizes)
+            static = specialize(graph, sizes, strided=not padded)
             run = self.compile_static(static.gm, static.example_inputs)
             counters.bump("bucketing.compile_seconds", time.perf_counter() - start)
             report = getattr(run, "report", None)

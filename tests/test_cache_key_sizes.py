@@ -71,3 +71,27 @@ def test_the_runs_of_a_warm_up_do_not_share_programs_in_memory(cache_dir):
     settings = {"dtype": "float32", "dynamic": "auto", "options": OPTIONS}
     run_plan(Loaded(model, make_inputs, "heads", "seq"), tasks, runs, settings, report=lambda event: None)
     assert fresh_run(model, [8, 200]) == {"cache.hits": 2, "cache.misses": 0}
+
+
+def test_returning_to_a_size_finds_the_program_of_a_strided_input(tmp_path, monkeypatch):
+    """An input that is a view (a transposed feature map, as Diffusers' UNet and Wan-like blocks get): after sizes A
+    and B, the dynamic graph at A again runs the program that A's static graph stored, traced with the view's
+    strides (a contiguous retrace was another key: a miss)."""
+    monkeypatch.setenv("NEURON_DYNAMO_CACHE_DIR", str(tmp_path))
+    torch._dynamo.reset()
+    forget_generalized_graphs()
+    model = Heads().eval()
+    compiled = torch.compile(model, backend="neuron_dynamo", options=OPTIONS)
+
+    def call(length):
+        x = torch.randn(1, 8, length).transpose(1, 2)  # [1, length, 8], strides (8 * length, 1, length)
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x), model(x))
+
+    call(200)
+    call(8)
+    before = neuron_dynamo.stats()
+    call(200)
+    after = neuron_dynamo.stats()
+    assert after.get("cache.misses", 0) == before.get("cache.misses", 0)
+    assert after.get("cache.hits", 0) > before.get("cache.hits", 0)

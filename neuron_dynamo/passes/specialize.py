@@ -50,10 +50,13 @@ def static_shape(value: torch.Tensor, values: Mapping[sympy.Symbol, int]) -> lis
     return [evaluate(s.node.expr, values) if isinstance(s, torch.SymInt) else int(s) for s in value.shape]
 
 
-def specialize(gm: fx.GraphModule, values: Mapping[sympy.Symbol, int]) -> StaticGraph:
+def specialize(gm: fx.GraphModule, values: Mapping[sympy.Symbol, int], strided: bool = False) -> StaticGraph:
     """`gm` with every symbol replaced by its value in `values`.
 
-    Placeholders without metadata (the real-size inputs added by the padding proof) are 0-d int64 tensors.
+    Placeholders without metadata (the real-size inputs added by the padding proof) are 0-d int64 tensors. Example
+    inputs are contiguous, or with `strided` laid out as the placeholders are (at exact sizes the call's own tensors,
+    a transposed feature map or a slice, have those strides: the graph then traces as the static graph Dynamo made
+    at those sizes did, and finds its stored program).
     """
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     constants: dict[int, object] = {}
@@ -63,7 +66,7 @@ def specialize(gm: fx.GraphModule, values: Mapping[sympy.Symbol, int]) -> Static
         if isinstance(value, torch.SymInt):
             constants[index] = evaluate(value.node.expr, values)
         elif isinstance(value, torch.Tensor):
-            examples.append(torch.empty(static_shape(value, values), dtype=value.dtype, device=value.device))
+            examples.append(_example(value, values, strided))
             tensor_inputs.append(index)
         elif value is None:
             examples.append(torch.zeros((), dtype=torch.int64))
@@ -86,6 +89,17 @@ def specialize(gm: fx.GraphModule, values: Mapping[sympy.Symbol, int]) -> Static
     except Exception as error:  # a guard or an op that cannot take these sizes
         raise SpecializationError(f"could not trace the graph at sizes {_show(values)}: {error}") from error
     return StaticGraph(static, examples, tensor_inputs)
+
+
+def _example(value: torch.Tensor, values: Mapping[sympy.Symbol, int], strided: bool) -> torch.Tensor:
+    shape = static_shape(value, values)
+    if not strided:
+        return torch.empty(shape, dtype=value.dtype, device=value.device)
+    try:
+        strides = [evaluate(s.node.expr, values) if isinstance(s, torch.SymInt) else int(s) for s in value.stride()]
+    except SpecializationError:  # a stride of a size this call does not fix: any layout computes the same values
+        return torch.empty(shape, dtype=value.dtype, device=value.device)
+    return torch.empty_strided(shape, strides, dtype=value.dtype, device=value.device)
 
 
 class _Retrace(fx.Interpreter):
