@@ -86,8 +86,8 @@ def test_collectives_over_a_padded_length_equal_eager_on_two_ranks(tensor_parall
 
 def test_ranks_sharing_a_cache_compile_each_key_once(tensor_parallel, fsdp):
     for ranks, cache in (tensor_parallel, fsdp):
-        misses = sum(rank["cache"]["cache.misses"] if "cache" in rank else rank["stats"]["cache.misses"]
-                     for rank in ranks)
+        # a rank that found every key compiled by the other has no miss counter at all
+        misses = sum(rank.get("cache", rank.get("stats", {})).get("cache.misses", 0) for rank in ranks)
         assert misses == _entries(cache), "a key was compiled by more than one rank"
     fsdp_ranks = fsdp[0]
     assert sum(rank["stats"].get("cache.lock_waits", 0) for rank in fsdp_ranks) > 0  # one rank waited for the other
