@@ -5,6 +5,9 @@ SwiGLU is silu(a) · b, rotary embeddings are mul/slice/neg/cat/mul/add, eager a
 Before fusion, `rewrite` replaces each such chain, when its intermediate values are not needed elsewhere (a
 training forward saves some of them for the backward, and then the chain stays as fused generated code), by one
 call to the library kernel.
+
+A chain over an empty tensor (a dim of size 0: an MLP 0 wide, no tokens) is never rewritten: the library kernels
+need at least one element per dim, while the per-op lowerings the chain keeps give eager's answer without a launch.
 """
 
 from __future__ import annotations
@@ -78,12 +81,23 @@ PATTERN_KERNELS = {kernel.__name__: kernel for kernel in (
 )}
 
 
-def _replace(graph: fx.Graph, last: fx.Node, name: str, args: tuple) -> None:
+def _empty(*nodes: Any) -> bool:
+    """Whether a node of the chain holds a tensor with no elements (the library kernels need at least one)."""
+    values = [val(node) for node in nodes]
+    return any(isinstance(v, torch.Tensor) and v.numel() == 0 for value in values
+               for v in (value if isinstance(value, (tuple, list)) else (value,)))
+
+
+def _replace(graph: fx.Graph, last: fx.Node, name: str, args: tuple) -> bool:
+    """`last` replaced by a call of the library kernel `name`, unless the chain's operands or result are empty."""
+    if _empty(last, *args):
+        return False
     with graph.inserting_before(last):
         call = graph.call_function(PATTERN_KERNELS[name], args)
     call.meta = dict(last.meta)
     last.replace_all_uses_with(call)
     graph.erase_node(last)
+    return True
 
 
 def _match_rmsnorm(graph: fx.Graph, rsqrt: fx.Node) -> bool:
@@ -107,8 +121,7 @@ def _match_rmsnorm(graph: fx.Graph, rsqrt: fx.Node) -> bool:
             last, weight = user, other
     if not (val(x).dtype in codegen.FLOAT_DTYPES and val(last).dtype == val(x).dtype):
         return False
-    _replace(graph, last, "rmsnorm_kernel", (x, weight, float(add.args[1])))
-    return True
+    return _replace(graph, last, "rmsnorm_kernel", (x, weight, float(add.args[1])))
 
 
 def _match_silu_mul(graph: fx.Graph, mul: fx.Node) -> bool:
@@ -119,8 +132,7 @@ def _match_silu_mul(graph: fx.Graph, mul: fx.Node) -> bool:
     a, b = val(silu.args[0]), val(other)
     if b is None or a.shape != b.shape or a.dtype != b.dtype or a.dtype not in codegen.FLOAT_DTYPES:
         return False
-    _replace(graph, mul, "silu_mul_kernel", (silu.args[0], other))
-    return True
+    return _replace(graph, mul, "silu_mul_kernel", (silu.args[0], other))
 
 
 def _rotated_half(cat: fx.Node) -> fx.Node | None:
@@ -164,8 +176,7 @@ def _match_rope(graph: fx.Graph, add: fx.Node) -> bool:
             continue
         if val(x).shape[-1] % 2 or val(add).dtype != val(x).dtype:
             continue
-        _replace(graph, add, "rope_kernel", (x, cos, sin))
-        return True
+        return _replace(graph, add, "rope_kernel", (x, cos, sin))
     return False
 
 
@@ -186,7 +197,7 @@ def _match_attention(graph: fx.Graph, out: fx.Node) -> bool:
     qv, kv, vv = val(q), val(k_t), val(v)
     if qv.shape[-1] > 128 or len({qv.dtype, kv.dtype, vv.dtype}) != 1 or qv.dtype not in codegen.FLOAT_DTYPES:
         return False
-    if mask is not None and (val(mask).dtype != qv.dtype or val(mask).dim() != 3):
+    if mask is not None and (val(mask).dtype != qv.dtype or val(mask).dim() != 3) or _empty(q, k_t, v, mask, out):
         return False
     with graph.inserting_before(out):
         k = graph.call_function(aten.transpose.int, (k_t, 1, 2))
@@ -205,6 +216,8 @@ def _match_cross_entropy(graph: fx.Graph, nll: fx.Node) -> bool:
     if not (is_call(log_softmax, aten._log_softmax) and log_softmax.args[1] in (1, -1) and not log_softmax.args[2]):
         return False
     logits = log_softmax.args[0]
+    if _empty(logits, target, nll):
+        return False
     with graph.inserting_before(nll):
         call = graph.call_function(PATTERN_KERNELS["cross_entropy_kernel"], (logits, target, reduction, ignore_index))
         lse_val = val(logits).new_empty((val(logits).shape[0],), dtype=torch.float32)
@@ -251,7 +264,8 @@ def _match_cross_entropy_backward(graph: fx.Graph, backward: fx.Node) -> bool:
     if operands is None:
         return False
     nll = backward.args[0]
-    _replace(graph, backward, "cross_entropy_backward_kernel", operands)
+    if not _replace(graph, backward, "cross_entropy_backward_kernel", operands):
+        return False
     graph.erase_node(nll)
     return True
 

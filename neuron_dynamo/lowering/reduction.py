@@ -10,6 +10,7 @@ and their first index, logsumexp, variances. Scans (cumsum, cumprod, cummax/cumm
 VectorE `tensor_tensor_scan` library kernels (`kernels.scans`), sequential in fp32 as torch's CPU kernels are.
 """
 
+import functools
 import math
 
 import torch
@@ -105,12 +106,16 @@ def reduce(op, x, dims=None, keepdim=False, dtype=None):
         view = launch(transpose_kernel, x.contiguous().reshape(cols, rows))
     else:
         view = x.permute(order).reshape(rows, cols) if leading else x.reshape(rows, cols)
-    in_dtype = codegen.nki_dtype(x.dtype)
-    kind = KINDS[packet]
-    name = codegen.source_name(f"reduce_{kind}", f"{in_dtype}:{codegen.nki_dtype(out_dtype)}")
-    kernel = codegen.compile_source(codegen.reduction_source(kind, in_dtype, codegen.nki_dtype(out_dtype), name), name)
+    kernel = _reduction_kernel(KINDS[packet], codegen.nki_dtype(x.dtype), codegen.nki_dtype(out_dtype))
     out = launch(kernel, codegen.to_device(view.contiguous()), rows, cols)
     return codegen.from_device(out.reshape(shape if shape else []), out_dtype).reshape(shape)
+
+
+@functools.cache
+def _reduction_kernel(kind: str, in_dtype: str, out_dtype: str):
+    """The generated kernel of one reduction kind and dtype pair (named and built once, not at every call)."""
+    name = codegen.source_name(f"reduce_{kind}", f"{in_dtype}:{out_dtype}")
+    return codegen.compile_source(codegen.reduction_source(kind, in_dtype, out_dtype, name), name)
 
 
 def _arg(node: fx.Node, index: int, name: str, default=None):

@@ -102,7 +102,41 @@ def _example(value: torch.Tensor, values: Mapping[sympy.Symbol, int], strided: b
     return torch.empty_strided(shape, strides, dtype=value.dtype, device=value.device)
 
 
-class _Retrace(fx.Interpreter):
+class _SizeChecked(fx.Interpreter):
+    """Runs a graph at new (fake or symbolic) sizes, checking the shapes an op's meta function leaves unchecked.
+
+    The CPU attention ops (`_scaled_dot_product_flash_attention_for_cpu`, the efficient and cuDNN kernels) take
+    any `attn_mask` at trace time; eager checks at run time that it broadcasts to `[..., queries, keys]`. Checked
+    here as an element-wise op would be: a mask length that must equal a fixed key length (NucleusMoEImage's mask
+    over 144 image and 8 text tokens, whose keys come from float inputs) is specialised to it when the graph is
+    generalised, and a bucket whose mask cannot serve the keys fails to trace instead of failing to run.
+    """
+
+    def call_function(self, target, args, kwargs):
+        if isinstance(target, torch._ops.OpOverload):
+            _check_attention_mask(target, args, kwargs)
+        return super().call_function(target, args, kwargs)
+
+
+def _check_attention_mask(target: torch._ops.OpOverload, args, kwargs) -> None:
+    names = _attention_arguments(target)
+    if names is None:
+        return
+    bound = {**dict(zip(names, args, strict=False)), **kwargs}
+    mask = bound.get("attn_mask", bound.get("attn_bias"))
+    if isinstance(mask, torch.Tensor):
+        query, key = bound["query"], bound["key"]
+        torch.broadcast_shapes(mask.shape, (*query.shape[:-1], key.shape[-2]))
+
+
+@functools.cache
+def _attention_arguments(target: torch._ops.OpOverload) -> tuple[str, ...] | None:
+    """The argument names of an attention op taking a mask (query, key and attn_mask or attn_bias), else None."""
+    names = tuple(argument.name for argument in target._schema.arguments)
+    return names if {"query", "key"} <= set(names) and {"attn_mask", "attn_bias"} & set(names) else None
+
+
+class _Retrace(_SizeChecked):
     """Runs a functional graph at new sizes, copying where a recorded view no longer applies.
 
     A `view` is recorded for the strides seen at trace time. The padding proof inserts masks (`masked_fill`,
@@ -166,7 +200,8 @@ def generalize(gm: fx.GraphModule) -> fx.GraphModule | None:
 
     Inputs of equal length share one symbol (duck sizing). A graph that bakes a length into an op (a `view` to a
     constant shape, as Dynamo records for `dynamic=False` code that reads `x.shape`) specialises the symbol back to
-    a constant, and is reported as not generalisable.
+    a constant, and is reported as not generalisable; so does an attention mask whose length must equal keys of a
+    fixed length (`_SizeChecked`).
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
@@ -185,7 +220,7 @@ def generalize(gm: fx.GraphModule) -> fx.GraphModule | None:
         fakes.append(mode.from_tensor(real, symbolic_context=StatelessSymbolicContext(dynamic_sizes=dims)))
     try:
         with mode, torch.no_grad():
-            symbolic = make_fx(fx.Interpreter(gm).run, tracing_mode="real")(*fakes)
+            symbolic = make_fx(_SizeChecked(gm).run, tracing_mode="real")(*fakes)
     except Exception:  # an op that cannot be traced with symbolic sizes: keep the static graph
         return None
     placeholders = [n.meta.get("val") for n in symbolic.graph.nodes if n.op == "placeholder"]

@@ -20,6 +20,7 @@ BUCKETED = [
     "QwenImageTransformer2DModel",  # RoPE through complex numbers, joint attention over text and image
     "HunyuanVideo15Transformer3DModel",  # the text mask padded in front by the image length, then split apart
     "StableAudio3DiTModel",  # audio: memory tokens in front, the RoPE table's last n rows
+    "NucleusMoEImageTransformer2DModel",  # image queries over image + text keys, a bool mask; its MLP is 0 wide
 ]
 EXACT = {"HeliosTransformer3DModel": "bucketing.refusals.aten.split_with_sizes"}  # history and frame in one sequence
 
