@@ -9,18 +9,20 @@ Sq == Sk, the only causal form accepted.
 `_scaled_dot_product_efficient_attention` (the memory-efficient form a graph traced for a GPU contains; CPU torch
 has no kernel for it) runs the same kernels: its `attn_bias` is the additive mask, its lse is padded to a multiple
 of 32 rows, and its backward returns no bias gradient (a bias that needs one is refused).
+
+Short sequences (at most 64, or grouped-query heads that fit 128 rows together) are packed several (batch, head)
+slices to a tile instead (`attention_packing`).
 """
 
 import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
+from neuron_dynamo.lowering.attention_packing import MASKED, TILE, additive, plan
 from neuron_dynamo.lowering.registry import lowers
 from neuron_dynamo.toolchain.simulator import launch
 
 aten = torch.ops.aten
-TILE = 128
-MASKED = -30000.0  # exp() of this underflows to 0 in every float dtype, yet it is finite (the kernel's contract)
 
 
 @lowers(
@@ -86,11 +88,7 @@ def _mask(mask, q, sq, sk, sqp, skp):
         return None
     full = torch.zeros((1, 1, sqp, skp), dtype=q.dtype)
     if mask is not None:
-        if mask.dtype == torch.bool:
-            mask = torch.zeros(mask.shape, dtype=q.dtype).masked_fill(~mask, MASKED)
-        mask = mask.to(q.dtype).clamp_min(MASKED)
-        while mask.dim() < 4:
-            mask = mask.unsqueeze(0)
+        mask = additive(mask, q.dtype)
         full = full.expand(mask.shape[0], mask.shape[1], sqp, skp).clone()
         full[:, :, :sq, :sk] = mask.expand(mask.shape[0], mask.shape[1], sq, sk)
     full[..., sk:] = MASKED
@@ -98,24 +96,37 @@ def _mask(mask, q, sq, sk, sqp, skp):
 
 
 def attend(q, k, v, is_causal, mask, scale, lse_len=None):
-    """(out, lse) of the flash kernel for [B, H, S, D] operands of any sequence length (padded to 128); the lse
-    keeps `lse_len` rows (default: the query length) where a caller's layout pads it."""
+    """(out, lse) of the flash kernel for [B, H, S, D] operands of any sequence length (padded to 128, or packed
+    several slices to a tile when short); the lse keeps `lse_len` rows (default: the query length) where a caller's
+    layout pads it."""
     from neuron_dynamo.kernels.attention import attention_kernel
 
     sq, sk = q.shape[2], k.shape[2]
-    sqp, skp = _padded(sq), _padded(sk)
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
-    out, lse = launch(attention_kernel, _pad_seq(q, sqp).contiguous(), _pad_seq(k, skp).contiguous(),
-                      _pad_seq(v, skp).contiguous(), _mask(mask, q, sq, sk, sqp, skp), bool(is_causal), float(scale))
-    out = out[:, :, :sq]
+    scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
+    lse_len = sq if lse_len is None else lse_len
+    packing = plan(q.shape, k.shape)
+    if packing is None:
+        sqp, skp = _padded(sq), _padded(sk)
+        out, lse = launch(attention_kernel, _pad_seq(q, sqp).contiguous(), _pad_seq(k, skp).contiguous(),
+                          _pad_seq(v, skp).contiguous(), _mask(mask, q, sq, sk, sqp, skp), bool(is_causal), scale)
+        out, lse = out[:, :, :sq], lse[:, :, :lse_len]
+    else:
+        out, lse = launch(attention_kernel, packing.queries(q), packing.keys(k), packing.keys(v),
+                          packing.mask(mask, is_causal, q.dtype), False, scale)
+        out, lse = packing.unpack_queries(out), packing.unpack_queries(lse)[:, :, :lse_len]
+        if lse_len > sq:  # the layout's padding rows (read by nobody)
+            lse = F.pad(lse, (0, lse_len - sq))
     if mask is not None:  # torch's SDPA gives 0 for a query that may attend to no key at all (a -inf/False row)
-        out = out.masked_fill(_dead_rows(mask), 0.0)
-    return out, lse[:, :, :sq if lse_len is None else lse_len]
+        out = out.masked_fill(_dead_rows(mask, is_causal, sq, sk), 0.0)
+    return out, lse
 
 
-def _dead_rows(mask: torch.Tensor) -> torch.Tensor:
-    """[..., Sq, 1]: the query rows whose every key is masked out by False or -inf (not by a finite value)."""
+def _dead_rows(mask: torch.Tensor, is_causal: bool, sq: int, sk: int) -> torch.Tensor:
+    """[..., Sq, 1]: the query rows whose every key is masked out by False or -inf (not by a finite value), the
+    causal rule included."""
     allowed = mask if mask.dtype == torch.bool else mask != float("-inf")
+    if is_causal:
+        allowed = allowed & torch.ones(sq, sk, dtype=torch.bool).tril()
     return ~allowed.any(-1, keepdim=True)
 
 
@@ -162,14 +173,21 @@ def attend_backward(grad_out, query, key, value, out, logsumexp, is_causal, mask
     from neuron_dynamo.kernels.attention_bwd import attention_backward_kernel
 
     sq, sk = query.shape[2], key.shape[2]
-    sqp, skp = _padded(sq), _padded(sk)
-    scale = query.shape[-1] ** -0.5 if scale is None else scale
-    lse = logsumexp if sqp == sq else F.pad(logsumexp, (0, sqp - sq))
+    scale = float(query.shape[-1] ** -0.5 if scale is None else scale)
     if mask is not None:  # a query with no key to attend has a constant output (0): nothing flows back from it
-        grad_out = grad_out.masked_fill(_dead_rows(mask), 0.0)
+        grad_out = grad_out.masked_fill(_dead_rows(mask, is_causal, sq, sk), 0.0)
+    packing = plan(query.shape, key.shape)
+    if packing is not None:
+        rows = packing.queries
+        dq, dk, dv = launch(
+            attention_backward_kernel, rows(query), packing.keys(key), packing.keys(value), rows(out), rows(grad_out),
+            rows(logsumexp.float()), packing.mask(mask, is_causal, query.dtype), False, scale)
+        return packing.unpack_queries(dq), packing.unpack_keys(dk), packing.unpack_keys(dv)
+    sqp, skp = _padded(sq), _padded(sk)
+    lse = logsumexp if sqp == sq else F.pad(logsumexp, (0, sqp - sq))
     dq, dk, dv = launch(
         attention_backward_kernel, _pad_seq(query, sqp).contiguous(), _pad_seq(key, skp).contiguous(),
         _pad_seq(value, skp).contiguous(), _pad_seq(out, sqp).contiguous(), _pad_seq(grad_out, sqp).contiguous(),
-        lse.float().contiguous(), _mask(mask, query, sq, sk, sqp, skp), bool(is_causal), float(scale),
+        lse.float().contiguous(), _mask(mask, query, sq, sk, sqp, skp), bool(is_causal), scale,
     )
     return dq[:, :, :sq], dk[:, :, :sk], dv[:, :, :sk]
