@@ -6,11 +6,16 @@ Layout contract (`rope_kernel`):
   returns   x * cos + rotate_half(x) * sin, rotate_half(x) = concat(-x[..., D/2:], x[..., :D/2]),
             in x's shape and dtype. Products and sums round to x's dtype, as HF's eager code does.
 
-Tiling: the rotation never mixes tokens, so any token may sit on any partition. When S is a multiple of
-128, partition p holds the S/128 consecutive tokens p·S/128 … (one contiguous HBM run per partition: long
-DMA descriptors); otherwise tokens go on partitions 128 at a time. The cos/sin tiles of a (batch, token
-block) are loaded once and reused by every head; per head one DMA brings x in, VectorE and GpSimd share the
-five element-wise products and sums over [tokens, D/2] views, and one DMA stores the result.
+Tiling: the rotation never mixes tokens, so any token may sit on any partition, and the heads of a token share its
+cos/sin. Partition rows hold T consecutive tokens of one batch (T divides S: S/T rows per batch, one contiguous HBM
+run per head and row); a block of partitions takes whole batches when S/T ≤ 128 (short sequences of several batches
+fill the partitions together), else 128 rows of one batch. A tile is a block's rows × G heads × up to FREE/D of
+their tokens × D (at most FREE elements per partition unless D alone exceeds it), so one cos/sin load serves every
+head, read through a stride-0 view over the heads. Per tile one DMA brings x in, five element-wise products and
+sums run over [rows, G, tokens, D/2] views (GpSimd the two rotate_half products, VectorE the rest: it runs bf16
+twice as fast), and one DMA stores the result. T minimises the bytes each partition streams plus RUN_COST per DMA
+run and per instruction: T = 1 for short sequences (the tiny Llama's [2, 4, 64, 16] is one tile, 9 instructions),
+typically S/128 for long ones (S/128-token runs).
 """
 
 import nki
@@ -18,9 +23,10 @@ import nki.isa as nisa
 import nki.language as nl
 
 from .contract import require, require_float
-from .tiling import PMAX
+from .tiling import PMAX, cdiv, itemsize
 
-TOKENS = 32  # tokens per partition per step (a 128 x 32 x D tile)
+FREE = 4096  # elements per partition of one x tile (heads × tokens × D): 32 tokens of D = 128
+RUN_COST = 256  # bytes per partition that a DMA run (descriptor) or an instruction's fixed cost weighs
 
 
 @nki.jit
@@ -36,50 +42,100 @@ def rope_kernel(x, cos, sin):
                 f"{label} must be [B, S, D] or [S, D] = {(batch, seq, d)} in x's dtype {x.dtype}, "
                 f"got {tuple(t.shape)} {t.dtype}")
     out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
-    per_row = seq // PMAX if seq % PMAX == 0 else 1  # tokens per partition row of the view
-    for b in range(batch):
-        cos_b = _rows(cos[b] if len(cos.shape) == 3 else cos, per_row)
-        sin_b = _rows(sin[b] if len(sin.shape) == 3 else sin, per_row)
-        rows = cos_b.shape[0]
-        for r0 in range(0, rows, PMAX):
-            pr = min(PMAX, rows - r0)
-            for t0 in range(0, per_row, TOKENS):
-                cols = slice(t0 * d, min(per_row, t0 + TOKENS) * d)
-                tokens = cols.stop // d - t0
-                c = _load(cos_b, r0, pr, cols)
-                s = _load(sin_b, r0, pr, cols)
-                for h in range(heads):
-                    x_h = _rows(x[b, h], per_row)
-                    y = _rotate(_load(x_h, r0, pr, cols), c, s, pr, tokens, d)
-                    nisa.dma_copy(dst=_rows(out[b, h], per_row)[r0 : r0 + pr, cols], src=y[0:pr, 0 : tokens * d])
+    per_row = _tokens_per_row(batch, heads, seq, d, itemsize(x.dtype))
+    rows, step = seq // per_row, _step(per_row, d)
+    group = _group(heads, step, d)
+    x_rows = x.reshape((batch, heads, rows, per_row * d))
+    out_rows = out.reshape((batch, heads, rows, per_row * d))
+    table_rows = ((batch,) if len(cos.shape) == 3 else (1,)) + (rows, per_row * d)
+    cos_rows, sin_rows = cos.reshape(table_rows), sin.reshape(table_rows)
+    for b0, nb, r0, pr in _blocks(batch, rows):
+        for t0 in range(0, per_row, step):
+            tokens = min(step, per_row - t0)
+            cols = slice(t0 * d, (t0 + tokens) * d)
+            c = _load_table(cos_rows, b0, nb, r0, pr, cols)
+            s = _load_table(sin_rows, b0, nb, r0, pr, cols)
+            for h0 in range(0, heads, group):
+                g = min(group, heads - h0)
+                xt = nl.ndarray((PMAX, g, tokens * d), dtype=x.dtype, buffer=nl.sbuf)
+                nisa.dma_copy(dst=xt[0 : nb * pr], src=_heads(x_rows, b0, nb, h0, g, r0, pr, cols))
+                y = _rotate(xt, c, s, nb * pr, g, tokens, d)
+                nisa.dma_copy(dst=_heads(out_rows, b0, nb, h0, g, r0, pr, cols), src=y[0 : nb * pr])
     return out
 
 
-def _rows(t, per_row):
-    """An [S, D] HBM view as [S / per_row, per_row · D]: per_row consecutive tokens per row."""
-    return t.reshape((t.shape[0] // per_row, per_row * t.shape[1]))
+def _step(per_row, d):
+    """Tokens per partition row in one tile."""
+    return min(per_row, max(1, FREE // d))
 
 
-def _load(src, r0, pr, cols):
-    tile = nl.ndarray((PMAX, cols.stop - cols.start), dtype=src.dtype, buffer=nl.sbuf)
-    nisa.dma_copy(dst=tile[0:pr, :], src=src[r0 : r0 + pr, cols])
+def _group(heads, step, d):
+    """Heads per tile."""
+    return min(heads, max(1, FREE // (step * d)))
+
+
+def _blocks(batch, rows):
+    """(first batch, batches, first row, rows) per block of ≤ 128 partitions: whole batches, or 128 rows of one."""
+    if rows <= PMAX:
+        nb = min(batch, PMAX // rows)
+        return [(b0, min(nb, batch - b0), 0, rows) for b0 in range(0, batch, nb)]
+    return [(b, 1, r0, min(PMAX, rows - r0)) for b in range(batch) for r0 in range(0, rows, PMAX)]
+
+
+def _tokens_per_row(batch, heads, seq, d, size):
+    """T, the consecutive tokens per partition row (see the module docstring)."""
+    best, best_cost = 1, None
+    for t in range(1, seq + 1):
+        if seq % t != 0:
+            continue
+        blocks = len(_blocks(batch, seq // t))
+        step = _step(t, d)
+        steps = cdiv(t, step)
+        instructions = blocks * steps * (2 + 7 * cdiv(heads, _group(heads, step, d)))
+        streamed = blocks * heads * (t * d * size + RUN_COST * steps)  # bytes per partition, plus one per run
+        cost = streamed + RUN_COST * instructions
+        if best_cost is None or cost < best_cost:
+            best, best_cost = t, cost
+    return best
+
+
+def _heads(v, b0, nb, h0, g, r0, pr, cols):
+    """The HBM view [B, H, rows, T·D] of a tile: partitions (batch, row), then heads, then columns."""
+    if nb == 1:
+        return v[b0, h0 : h0 + g, r0 : r0 + pr, cols].permute((1, 0, 2))
+    return v[b0 : b0 + nb, h0 : h0 + g, r0 : r0 + pr, cols].permute((0, 2, 1, 3))
+
+
+def _load_table(v, b0, nb, r0, pr, cols):
+    """cos or sin ([B or 1, rows, T·D] in HBM) of a block's partitions; a shared table is read once per batch."""
+    tile = nl.ndarray((PMAX, cols.stop - cols.start), dtype=v.dtype, buffer=nl.sbuf)
+    if nb == 1:
+        src = v[b0 if v.shape[0] > 1 else 0, r0 : r0 + pr, cols]
+    elif v.shape[0] > 1:
+        src = v[b0 : b0 + nb, r0 : r0 + pr, cols]
+    else:
+        src = v[0:1, r0 : r0 + pr, cols].broadcast(0, nb)
+    nisa.dma_copy(dst=tile[0 : nb * pr], src=src)
     return tile
 
 
-def _rotate(xt, c, s, pr, tokens, d):
-    """y = x*cos + rotate_half(x)*sin over a [pr, tokens, d] tile (3-D views of the 2-D tiles)."""
+def _rotate(xt, c, s, pr, g, tokens, d):
+    """y = x*cos + rotate_half(x)*sin over [pr, g heads, tokens, d] views (cos/sin repeated over the heads)."""
     half = d // 2
     gp = nisa.engine.gpsimd
-    x3, c3, s3 = (t.reshape((PMAX, tokens, d))[0:pr] for t in (xt, c, s))
-    straight = nl.ndarray((PMAX, tokens, d), dtype=xt.dtype, buffer=nl.sbuf)
-    rotated = nl.ndarray((PMAX, tokens, d), dtype=xt.dtype, buffer=nl.sbuf)
-    y = nl.ndarray((PMAX, tokens * d), dtype=xt.dtype, buffer=nl.sbuf)
-    y3 = y.reshape((PMAX, tokens, d))[0:pr]
+    x4 = xt.reshape((PMAX, g, tokens, d))[0:pr]
+    c4, s4 = (t.reshape((PMAX, 1, tokens, d))[0:pr].broadcast(1, g) for t in (c, s))
+    straight = nl.ndarray((PMAX, g, tokens, d), dtype=xt.dtype, buffer=nl.sbuf)
+    rotated = nl.ndarray((PMAX, g, tokens, d), dtype=xt.dtype, buffer=nl.sbuf)
+    y = nl.ndarray((PMAX, g, tokens * d), dtype=xt.dtype, buffer=nl.sbuf)
+    y4 = y.reshape((PMAX, g, tokens, d))[0:pr]
     lo, hi = slice(0, half), slice(half, d)
-    nisa.tensor_tensor(dst=straight[0:pr], data1=x3, data2=c3, op=nl.multiply)
-    nisa.tensor_tensor(dst=rotated[0:pr, :, lo], data1=x3[:, :, hi], data2=s3[:, :, lo], op=nl.multiply)
-    nisa.tensor_tensor(dst=rotated[0:pr, :, hi], data1=x3[:, :, lo], data2=s3[:, :, hi], op=nl.multiply, engine=gp)
-    nisa.tensor_tensor(dst=y3[:, :, lo], data1=straight[0:pr, :, lo], data2=rotated[0:pr, :, lo], op=nl.subtract,
+    nisa.tensor_tensor(dst=straight[0:pr], data1=x4, data2=c4, op=nl.multiply)
+    nisa.tensor_tensor(dst=rotated[0:pr, :, :, lo], data1=x4[:, :, :, hi], data2=s4[:, :, :, lo], op=nl.multiply,
                        engine=gp)
-    nisa.tensor_tensor(dst=y3[:, :, hi], data1=straight[0:pr, :, hi], data2=rotated[0:pr, :, hi], op=nl.add)
+    nisa.tensor_tensor(dst=rotated[0:pr, :, :, hi], data1=x4[:, :, :, lo], data2=s4[:, :, :, hi], op=nl.multiply,
+                       engine=gp)
+    nisa.tensor_tensor(dst=y4[:, :, :, lo], data1=straight[0:pr, :, :, lo], data2=rotated[0:pr, :, :, lo],
+                       op=nl.subtract)
+    nisa.tensor_tensor(dst=y4[:, :, :, hi], data1=straight[0:pr, :, :, hi], data2=rotated[0:pr, :, :, hi], op=nl.add)
     return y

@@ -162,6 +162,7 @@ def to_dtype(values: np.ndarray, name: str) -> np.ndarray:
             return values
         return np.clip(values, info.min, info.max).astype(storage)
     info = np.iinfo(storage)
-    wide = values.astype(np.float64)  # float64 holds every int32/uint32 bound exactly
-    out = np.rint(np.nan_to_num(wide, nan=0.0, posinf=info.max, neginf=info.min))
-    return np.clip(out, info.min, info.max).astype(storage)
+    wide = np.rint(values.astype(np.float64))  # float64 holds every int32/uint32 bound exactly
+    np.clip(wide, info.min, info.max, out=wide)  # ±inf saturate to the bounds
+    wide[np.isnan(wide)] = 0.0
+    return wide.astype(storage)
