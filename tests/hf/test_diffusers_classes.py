@@ -166,6 +166,7 @@ def documented_way(name: str, options: dict | None) -> dict:
         torch.testing.assert_close(_tensors(got), _tensors(expected), rtol=1e-4, atol=1e-4)
     assert stats["dynamo_graphs"] <= case.recompile_limit * len(block_classes(model)), "blocks do not share graphs"
     assert stats.get("dynamo_graphs_eager", 0) == 0, "a block graph ran eagerly: the backend failed"
+    assert stats.get("graphs_failed", 0) == 0, "a compiled block graph failed at run time and ran eagerly"
     assert stats["programs_compiled"] == compiled, "the second call compiled a program"
     return stats
 
