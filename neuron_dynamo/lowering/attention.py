@@ -12,17 +12,28 @@ of 32 rows, and its backward returns no bias gradient (a bias that needs one is 
 
 Short sequences (at most 64, or grouped-query heads that fit 128 rows together) are packed several (batch, head)
 slices to a tile instead (`attention_packing`).
+
+The kernels read the caller's float mask clamped to a finite floor (`MASKED`, -30000). Where a row allows some key
+with a value of magnitude below `LARGE` (1000), that changes nothing: what was clamped still lies 29000 below the
+row's best key and weighs 0. The other rows would change: a row masked everywhere by finfo.min or -1e9 (a padding
+row of Hugging Face's masks) becomes -30000 everywhere, which cancels out of the softmax, whereas eager's fp32
+`scores + mask` absorbs the scores and the row comes out uniform (a huge value rounds the scores to its ulp).
+Such rows, found by one `amax` over the mask, are computed with torch in the glue as eager computes them, forward
+and backward (`_far_rows`). Rows that allow no key at all (-inf or False everywhere) give 0 and an lse of 0, as
+torch's.
 """
 
 import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
+from neuron_dynamo import counters
 from neuron_dynamo.lowering.attention_packing import MASKED, TILE, additive, plan
 from neuron_dynamo.lowering.registry import lowers
 from neuron_dynamo.toolchain.simulator import launch
 
 aten = torch.ops.aten
+LARGE = 1000.0  # a row whose largest allowed mask value is this far from 0 is computed by torch (module docstring)
 
 
 @lowers(
@@ -95,15 +106,17 @@ def _mask(mask, q, sq, sk, sqp, skp):
     return full.contiguous()
 
 
-def attend(q, k, v, is_causal, mask, scale, lse_len=None):
+def attend(q, k, v, is_causal, mask, scale, lse_len=None, exact=None):
     """(out, lse) of the flash kernel for [B, H, S, D] operands of any sequence length (padded to 128, or packed
     several slices to a tile when short); the lse keeps `lse_len` rows (default: the query length) where a caller's
-    layout pads it."""
+    layout pads it. `exact(q_rows, k, v, mask_rows, scale)` → (out, lse or None) computes the rows the kernel
+    cannot (see the module docstring) as the caller's eager form does (default: torch's SDPA, `eager_rows`)."""
     from neuron_dynamo.kernels.attention import attention_kernel
 
     sq, sk = q.shape[2], k.shape[2]
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
     lse_len = sq if lse_len is None else lse_len
+    exact = eager_rows if exact is None else exact
     packing = plan(q.shape, k.shape)
     if packing is None:
         sqp, skp = _padded(sq), _padded(sk)
@@ -116,18 +129,58 @@ def attend(q, k, v, is_causal, mask, scale, lse_len=None):
         out, lse = packing.unpack_queries(out), packing.unpack_queries(lse)[:, :, :lse_len]
         if lse_len > sq:  # the layout's padding rows (read by nobody)
             lse = F.pad(lse, (0, lse_len - sq))
-    if mask is not None:  # torch's SDPA gives 0 for a query that may attend to no key at all (a -inf/False row)
-        out = out.masked_fill(_dead_rows(mask, is_causal, sq, sk), 0.0)
+    if mask is None:
+        return out, lse
+    dead, far = _special_rows(mask, is_causal, sq, sk)
+    out = out.masked_fill(dead, 0.0)  # torch's SDPA gives 0 (and an lse of 0) for a query that sees no key
+    if lse.shape[2] >= sq:  # (the efficient form's lse is empty unless asked for)
+        lse = torch.cat((lse[:, :, :sq].masked_fill(dead[..., 0], 0.0), lse[:, :, sq:]), 2)
+    if far is not None:
+        rows, which, q_rows, m_rows = _far_rows(q, sk, mask, is_causal, far)
+        exact_out, exact_lse = exact(q_rows, k, v, m_rows, scale)
+        out = out.index_copy(2, rows, torch.where(which, exact_out, out[:, :, rows]))
+        if exact_lse is not None and lse.shape[2] >= sq:
+            lse = lse.index_copy(2, rows, torch.where(which[..., 0], exact_lse.to(lse.dtype), lse[:, :, rows]))
     return out, lse
 
 
-def _dead_rows(mask: torch.Tensor, is_causal: bool, sq: int, sk: int) -> torch.Tensor:
-    """[..., Sq, 1]: the query rows whose every key is masked out by False or -inf (not by a finite value), the
-    causal rule included."""
-    allowed = mask if mask.dtype == torch.bool else mask != float("-inf")
-    if is_causal:
-        allowed = allowed & torch.ones(sq, sk, dtype=torch.bool).tril()
-    return ~allowed.any(-1, keepdim=True)
+def eager_rows(q, k, v, mask, scale):
+    """(out, lse) of torch's own CPU SDPA kernel (grouped-query heads included): eager's answer."""
+    return aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, attn_mask=mask, scale=scale)
+
+
+def _special_rows(mask: torch.Tensor, is_causal: bool, sq: int, sk: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(dead, far), both [..., Sq, 1] (the mask's leading dims), the causal rule included: the query rows that
+    allow no key (False or -inf everywhere), and the rows of a float mask whose largest allowed value is finite
+    and at least `LARGE` from 0 (None when there is none: the common case costs one `amax`)."""
+    causal = torch.ones(sq, sk, dtype=torch.bool).tril() if is_causal else None
+    if mask.dtype == torch.bool:
+        return ~(mask if causal is None else mask & causal).any(-1, keepdim=True), None
+    if causal is not None:
+        mask = mask.masked_fill(~causal, float("-inf"))
+    top = mask.amax(-1, keepdim=True)
+    dead = top == float("-inf")
+    far = ~(top.abs() < LARGE) & ~dead  # NaN and +inf rows too: torch gives eager's NaN
+    return dead, (far if bool(far.any()) else None)
+
+
+def _far_rows(q: torch.Tensor, sk: int, mask: torch.Tensor, is_causal: bool, far: torch.Tensor):
+    """What torch needs to compute the `far` rows: (rows, the query positions far in some (batch, head) slice;
+    which [B, H, rows, 1], where they are far; q's rows; the mask's rows, 4-D, the causal rule folded in as -inf).
+    Whole query positions are taken (not single rows) so that K and V are read as they are, not gathered; the
+    rows are counted (`attention.rows_by_torch`, forward and backward each)."""
+    b, h, sq, _ = q.shape
+    which = far[..., 0].expand(b, h, sq)
+    rows = which.any(0).any(0).nonzero()[:, 0]
+    while mask.dim() < 4:
+        mask = mask.unsqueeze(0)
+    mask = mask[:, :, rows] if mask.shape[2] == sq else mask
+    mask = mask.expand(*mask.shape[:3], sk)  # (a mask may broadcast over the keys)
+    if is_causal:  # top-left: query i sees the keys j ≤ i
+        mask = mask.masked_fill(torch.arange(sk) > rows[:, None], float("-inf"))
+    which = which[:, :, rows, None]
+    counters.bump("attention.rows_by_torch", int(which.sum()))
+    return rows, which, q[:, :, rows], mask
 
 
 @lowers(aten._scaled_dot_product_flash_attention_for_cpu, family="attention", target="simulator", accepts=_refusal)
@@ -169,13 +222,36 @@ def efficient_attention_backward(op, grad_out, query, key, value, attn_bias, out
 
 
 def attend_backward(grad_out, query, key, value, out, logsumexp, is_causal, mask, scale):
-    """(dq, dk, dv) of the flash backward kernel for [B, H, S, D] operands of any sequence length."""
+    """(dq, dk, dv) of the flash backward kernel for [B, H, S, D] operands of any sequence length; the rows the
+    forward computed with torch get torch's own backward (their dk, dv added in fp32)."""
+    sq, sk = query.shape[2], key.shape[2]
+    scale = float(query.shape[-1] ** -0.5 if scale is None else scale)
+    if mask is None:
+        return _kernel_backward(grad_out, query, key, value, out, logsumexp, is_causal, mask, scale)
+    # a query with no key to attend has a constant output (0): nothing flows back from it; a far row's gradient
+    # comes from torch, and its lse (eager's: about the mask's value) would overflow the kernel's exp
+    dead, far = _special_rows(mask, is_causal, sq, sk)
+    skipped = dead if far is None else dead | far
+    if far is not None:
+        logsumexp = logsumexp.masked_fill(far[..., 0], 0.0)
+    dq, dk, dv = _kernel_backward(grad_out.masked_fill(skipped, 0.0), query, key, value, out, logsumexp, is_causal,
+                                  mask, scale)
+    if far is None:
+        return dq, dk, dv
+    rows, which, q_rows, m_rows = _far_rows(query, sk, mask, is_causal, far)
+    exact_out, exact_lse = eager_rows(q_rows, key, value, m_rows, scale)
+    g_q, g_k, g_v = aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        grad_out[:, :, rows].masked_fill(~which, 0.0), q_rows, key, value, exact_out, exact_lse, 0.0, False,
+        attn_mask=m_rows, scale=scale)
+    dq = dq.index_copy(2, rows, torch.where(which, g_q, dq[:, :, rows]))
+    return dq, (dk.float() + g_k.float()).to(dk.dtype), (dv.float() + g_v.float()).to(dv.dtype)
+
+
+def _kernel_backward(grad_out, query, key, value, out, logsumexp, is_causal, mask, scale):
+    """(dq, dk, dv) of the library kernel, packed or padded to 128 like the forward."""
     from neuron_dynamo.kernels.attention_bwd import attention_backward_kernel
 
     sq, sk = query.shape[2], key.shape[2]
-    scale = float(query.shape[-1] ** -0.5 if scale is None else scale)
-    if mask is not None:  # a query with no key to attend has a constant output (0): nothing flows back from it
-        grad_out = grad_out.masked_fill(_dead_rows(mask, is_causal, sq, sk), 0.0)
     packing = plan(query.shape, key.shape)
     if packing is not None:
         rows = packing.queries

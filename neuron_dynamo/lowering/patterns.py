@@ -63,13 +63,19 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
 
 
 def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float):
-    """softmax(scale · q kᵀ + mask) v for [N, S, D] operands: the flash kernel with N as the batch of one head."""
+    """softmax(scale · q kᵀ + mask) v for [N, S, D] operands: the flash kernel with N as the batch of one head
+    (the rows it cannot compute, masked everywhere by a huge value, are this chain in torch, as eager runs it)."""
     from neuron_dynamo.lowering.attention import attend
 
     if mask is not None:
         mask = mask.expand(q.shape[0], q.shape[1], k.shape[1])[:, None]
-    out, _ = attend(q[:, None], k[:, None], v[:, None], False, mask, scale)
+    out, _ = attend(q[:, None], k[:, None], v[:, None], False, mask, scale, exact=_attention_chain)
     return out[:, 0]
+
+
+def _attention_chain(q, k, v, mask, scale):
+    """The matched chain itself on some query rows: (out, no lse)."""
+    return torch.softmax(q @ k.transpose(-1, -2) * scale + mask, -1) @ v, None
 
 
 PATTERN_KERNELS = {kernel.__name__: kernel for kernel in (
