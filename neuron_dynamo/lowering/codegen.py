@@ -141,20 +141,35 @@ class Tile:
 
 
 class Emitter:
-    """Collects the body lines of one tile iteration; `call` adds `vN = fn(args)` and returns the new tile."""
+    """Collects the body lines of one tile iteration; `call` adds `vN = fn(args)` and returns the new tile.
+
+    Every tile is assigned once and never written again, so a call written before (the same function of the same
+    tiles and constants) gives the tile it gave then instead of a second instruction, and a call that returns its
+    operand unchanged (a copy to the operand's own float dtype, a product with 1.0) gives the operand: each
+    instruction saved is one less on the engines (and in the interpreter's replay)."""
 
     def __init__(self) -> None:
         self.lines: list[str] = []
         self._count = 0
+        self._known: dict[Any, Tile] = {}
 
     def call(self, fn: str, *args: Any, dtype: str, **kwargs: Any) -> Tile:
         if not _NKI_CALLABLE.match(fn) or not all(k.isidentifier() for k in kwargs):
             raise CodegenError(f"{fn!r} is not an NKI function the code generator calls")
-        name = f"v{self._count}"
-        self._count += 1
+        if _returns_operand(fn, args, dtype, kwargs):
+            return args[0]
         rendered = [_literal(a) for a in args] + [f"{k}={_literal(v)}" for k, v in kwargs.items()]
-        self.lines.append(f"{name} = {fn}({', '.join(rendered)}, dtype=nl.{check_dtype_name(dtype)})")
-        return Tile(name, dtype)
+        expression = f"{fn}({', '.join(rendered)}, dtype=nl.{check_dtype_name(dtype)})"
+        return self.once(expression, lambda name: self.lines.append(f"{name} = {expression}"), dtype)
+
+    def once(self, key: Any, write: Callable[[str], None], dtype: str) -> Tile:
+        """The tile computed under `key` before, or a new one that `write(name)` computes (its lines appended)."""
+        tile = self._known.get(key)
+        if tile is None:
+            tile = self._known[key] = Tile(f"v{self._count}", dtype)
+            self._count += 1
+            write(tile.name)
+        return tile
 
     def alloc(self, dtype: str) -> Tile:
         """A fresh SBUF tile of the current tile's shape, for ISA calls that write a `dst`."""
@@ -175,6 +190,19 @@ class Emitter:
     def raw(self, template: str, *values: Any) -> None:
         """A line of the generator's own `template`, its `{}` fields filled with `_literal(value)` (never text)."""
         self.lines.append(template.format(*(_literal(v) for v in values)))
+
+
+def _returns_operand(fn: str, args: tuple, dtype: str, kwargs: dict) -> bool:
+    """`fn(*args)` is its float operand itself: a copy to its own dtype, or a product with 1.0 (exact in IEEE
+    arithmetic, -0, infinities and NaN included)."""
+    if kwargs or not args or not isinstance(args[0], Tile) or args[0].dtype != dtype or dtype not in _FLOATS:
+        return False
+    if fn == "nl.copy":
+        return len(args) == 1
+    return fn == "nl.multiply" and len(args) == 2 and type(args[1]) is float and args[1] == 1.0
+
+
+_FLOATS = frozenset({"float32", "bfloat16", "float16"})
 
 
 def typed_constant(value: Any, dtype: str) -> float | int:

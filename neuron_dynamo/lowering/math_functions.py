@@ -102,9 +102,11 @@ def _atan_of(e: Emitter, x: Tile) -> Tile:
 def activation(e: Emitter, fn: str, x: Tile) -> Tile:
     """`nisa.activation(op=fn)` on an argument already inside the function's valid range (nl.sin would add a
     range reduction through x + π that costs precision near 0)."""
-    out = e.alloc(F32)
-    e.raw(f"nisa.activation(dst={{}}, op={fn}, data={{}})", out, x)
-    return out
+    def write(name: str) -> None:
+        e.raw(f"{name} = nl.ndarray((pr, cc), dtype=nl.{F32}, buffer=nl.sbuf)")
+        e.raw(f"nisa.activation(dst={{}}, op={fn}, data={{}})", Tile(name, F32), x)
+
+    return e.once(("activation", fn, x.name), write, F32)
 
 
 def _fp32_emitter(compute):
