@@ -21,6 +21,7 @@ import torch.fx as fx
 
 from neuron_dynamo.lowering import codegen, loss
 from neuron_dynamo.lowering.matching import is_call, private, val
+from neuron_dynamo.lowering.registry import holds_empty_tensor
 from neuron_dynamo.toolchain.simulator import launch
 
 aten = torch.ops.aten
@@ -89,9 +90,7 @@ PATTERN_KERNELS = {kernel.__name__: kernel for kernel in (
 
 def _empty(*nodes: Any) -> bool:
     """Whether a node of the chain holds a tensor with no elements (the library kernels need at least one)."""
-    values = [val(node) for node in nodes]
-    return any(isinstance(v, torch.Tensor) and v.numel() == 0 for value in values
-               for v in (value if isinstance(value, (tuple, list)) else (value,)))
+    return holds_empty_tensor([val(node) for node in nodes])
 
 
 def _replace(graph: fx.Graph, last: fx.Node, name: str, args: tuple) -> bool:

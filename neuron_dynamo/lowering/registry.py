@@ -88,6 +88,12 @@ def _tensors(value: Any) -> list[torch.Tensor]:
 def has_empty_tensor(node: Any) -> bool:
     """Whether the FX `node` reads or produces a tensor with no elements (a 0-dim tensor has one element)."""
     values = [node.meta.get("val"), *(arg.meta.get("val") for arg in getattr(node, "all_input_nodes", ()))]
+    return holds_empty_tensor(values)
+
+
+def holds_empty_tensor(values: Any) -> bool:
+    """Whether `values` (a tensor, or tensors nested in tuples and lists) hold one with no elements; a symbolic
+    size is not known to be empty."""
     for tensor in _tensors(values):
         try:
             if int(tensor.numel()) == 0:
