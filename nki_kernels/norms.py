@@ -2,6 +2,8 @@
 
 Layout contract:
   rmsnorm_kernel(x, weight, eps):            y = x * rsqrt(mean(x², -1) + eps) * weight
+  rmsnorm_saved_kernel(x, weight, eps):      (y, x̂, rstd) with x̂ = x * rstd and y = x̂ * weight, rstd [rows, 1]:
+                                             what a training graph saves for the backward, in one launch
   layernorm_kernel(x, weight, bias, eps):    y = (x - mean) * rsqrt(var + eps) * weight + bias (biased var)
   x       [..., D], any rank ≥ 2, any D (fp32, bf16 or fp16); rows = product of the leading dims
   weight  [D] or None (no scale); bias [D] or None (layernorm only)
@@ -33,21 +35,33 @@ def rmsnorm_kernel(x, weight=None, eps=1e-6):
 
 
 @nki.jit
+def rmsnorm_saved_kernel(x, weight, eps=1e-6):
+    """RMSNorm over the last dim that also returns x̂ = x * rstd and rstd ([rows, 1], x's dtype); see the module
+    docstring. y = x̂ * weight is rounded as eager's two products are."""
+    return _norm(x, weight, None, eps, False, saved=True)
+
+
+@nki.jit
 def layernorm_kernel(x, weight=None, bias=None, eps=1e-5):
     """LayerNorm over the last dim; see the module docstring."""
     return _norm(x, weight, bias, eps, True)
 
 
-def _norm(x, weight, bias, eps, centre):
-    name = "layernorm_kernel" if centre else "rmsnorm_kernel"
+def _norm(x, weight, bias, eps, centre, saved=False):
+    name = "layernorm_kernel" if centre else ("rmsnorm_saved_kernel" if saved else "rmsnorm_kernel")
     require(len(x.shape) >= 2, name, f"x must have at least 2 dims (rows, D), got {tuple(x.shape)}")
     require_float(name, "x", x)
+    require(not saved or weight != None, name, "weight is required (without one, y is x̂)")  # noqa: E711
     for label, param in (("weight", weight), ("bias", bias)):
         if param != None:  # noqa: E711
             require_vector(name, label, param, x.shape[-1])
     out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
     xr, outr = as_rows(x), as_rows(out)
     rows, d = xr.shape
+    if saved:
+        xhat = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        rstd_out = nl.ndarray((rows, 1), dtype=x.dtype, buffer=nl.shared_hbm)
+        xhatr = as_rows(xhat)
     chunks = [(c0, min(COLS, d - c0)) for c0 in range(0, d, COLS)]
     has_weight, has_bias = weight != None, bias != None  # noqa: E711 (NKI forbids `is`)
     w_rows = _param_rows(weight, chunks, x.dtype) if has_weight else None
@@ -68,12 +82,19 @@ def _norm(x, weight, bias, eps, centre):
         nisa.tensor_scalar(dst=rstd[0:pr, 0:1], data=rstd[0:pr, 0:1], op0=nl.multiply, operand0=1.0 / d,
                            op1=nl.add, operand1=eps)
         nisa.activation(dst=rstd[0:pr, 0:1], op=nl.rsqrt, data=rstd[0:pr, 0:1])
+        if saved:
+            nisa.dma_copy(dst=rstd_out[r0 : r0 + pr, 0:1], src=rstd[0:pr, 0:1])
         for i, (c0, cc) in enumerate(chunks):
             tile = kept if kept != None else _load(xr, r0, pr, c0, cc)  # noqa: E711
             y = nl.ndarray((PMAX, cc), dtype=x.dtype, buffer=nl.sbuf)
             x_c, y_c = tile[0:pr, 0:cc], y[0:pr, 0:cc]
             shift = neg_mean[0:pr, 0:1] if centre else 0.0
-            if has_weight and not centre:  # RMSNorm: y = (x * rstd) * w in one VectorE pass
+            if saved:  # x̂ = x * rstd kept, then y = x̂ * w
+                w = _param_chunk(weight, w_rows, chunks, i, x.dtype)
+                nisa.tensor_scalar(dst=y_c, data=x_c, op0=nl.multiply, operand0=rstd[0:pr, 0:1])
+                nisa.dma_copy(dst=xhatr[r0 : r0 + pr, c0 : c0 + cc], src=y_c)
+                nisa.tensor_tensor(dst=y_c, data1=y_c, data2=w[0:pr, 0:cc], op=nl.multiply)
+            elif has_weight and not centre:  # RMSNorm: y = (x * rstd) * w in one VectorE pass
                 w = _param_chunk(weight, w_rows, chunks, i, x.dtype)
                 nisa.scalar_tensor_tensor(dst=y_c, data=x_c, op0=nl.multiply, operand0=rstd[0:pr, 0:1],
                                           op1=nl.multiply, operand1=w[0:pr, 0:cc])
@@ -94,6 +115,8 @@ def _norm(x, weight, bias, eps, centre):
                     b = _param_chunk(bias, b_rows, chunks, i, x.dtype)
                     nisa.tensor_tensor(dst=y_c, data1=y_c, data2=b[0:pr, 0:cc], op=nl.add)
             nisa.dma_copy(dst=outr[r0 : r0 + pr, c0 : c0 + cc], src=y[0:pr, 0:cc])
+    if saved:
+        return out, xhat, rstd_out
     return out
 
 

@@ -49,6 +49,14 @@ def _rmsnorm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
     return launch(rmsnorm_kernel, rows, None if weight is None else weight.contiguous(), eps).reshape(x.shape)
 
 
+def _rmsnorm_saved(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, ...]:
+    from neuron_dynamo.kernels.norms import rmsnorm_saved_kernel
+
+    rows = x.contiguous().reshape(-1, x.shape[-1])
+    y, xhat, rstd = launch(rmsnorm_saved_kernel, rows, weight.contiguous(), eps)
+    return y.reshape(x.shape), xhat.reshape(x.shape), rstd.reshape(*x.shape[:-1], 1)
+
+
 def _silu_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     from neuron_dynamo.kernels.activations import gated_activation_kernel
 
@@ -80,7 +88,8 @@ def _attention_chain(q, k, v, mask, scale):
 
 
 PATTERN_KERNELS = {kernel.__name__: kernel for kernel in (
-    PatternKernel("rmsnorm_kernel", _rmsnorm), PatternKernel("silu_mul_kernel", _silu_mul),
+    PatternKernel("rmsnorm_kernel", _rmsnorm), PatternKernel("rmsnorm_saved_kernel", _rmsnorm_saved),
+    PatternKernel("silu_mul_kernel", _silu_mul),
     PatternKernel("rope_kernel", _rope), PatternKernel("attention_kernel", _attention),
     PatternKernel("cross_entropy_kernel", loss.cross_entropy),
     PatternKernel("log_softmax_from_lse", loss.log_softmax_from_lse),
@@ -105,28 +114,51 @@ def _replace(graph: fx.Graph, last: fx.Node, name: str, args: tuple) -> bool:
     return True
 
 
-def _match_rmsnorm(graph: fx.Graph, rsqrt: fx.Node) -> bool:
+def _match_rmsnorm(graph: fx.Graph, rsqrt: fx.Node) -> str | None:
+    """pow → mean → add → rsqrt → mul(x, ·) [→ mul(weight, ·)] → the RMSNorm kernel. A training forward also saves
+    the rsqrt and x̂ = x · rsqrt for the backward: then the kernel that returns them too replaces the chain."""
     add = rsqrt.args[0]
     if not (is_call(add, aten.add) and isinstance(add.args[1], float) and is_call(add.args[0], aten.mean)):
-        return False
+        return None
     mean = add.args[0]
     power = mean.args[0]
     if not (is_call(power, aten.pow) and power.args[1] == 2 and list(mean.args[1]) in ([-1], [val(power).dim() - 1])
             and len(mean.args) > 2 and mean.args[2]):
-        return False
+        return None
     x = power.args[0]
-    (scale,) = rsqrt.users if len(rsqrt.users) == 1 else (None,)
-    if not (is_call(scale, aten.mul) and set(scale.args) == {x, rsqrt} and private(power, mean, add, rsqrt)):
-        return False
+    scale = next((u for u in rsqrt.users if is_call(u, aten.mul) and set(u.args) == {x, rsqrt}), None)
+    if scale is None or not private(power, mean, add):
+        return None
     last, weight = scale, None
-    (user,) = scale.users if len(scale.users) == 1 else (None,)
-    if is_call(user, aten.mul) and val(user).shape == val(scale).shape:
+    user = next((u for u in scale.users if is_call(u, aten.mul) and val(u).shape == val(scale).shape), None)
+    if user is not None:
         other = user.args[0] if user.args[1] is scale else user.args[1]
         if val(other) is not None and val(other).dim() == 1 and val(other).dtype == val(x).dtype:
             last, weight = user, other
     if not (val(x).dtype in codegen.FLOAT_DTYPES and val(last).dtype == val(x).dtype):
-        return False
-    return _replace(graph, last, "rmsnorm_kernel", (x, weight, float(add.args[1])))
+        return None
+    args = (x, weight, float(add.args[1]))
+    if len(rsqrt.users) == 1 and (last is scale or len(scale.users) == 1):
+        return "rmsnorm_kernel" if _replace(graph, last, "rmsnorm_kernel", args) else None
+    if weight is None or _empty(last, x, weight):
+        return None
+    _replace_saved_rmsnorm(graph, (power, mean, add, rsqrt, scale, last), args)
+    return "rmsnorm_saved_kernel"
+
+
+def _replace_saved_rmsnorm(graph: fx.Graph, chain: tuple, args: tuple) -> None:
+    """The chain replaced by `rmsnorm_saved_kernel`, whose (y, x̂, rstd) stand for (last, scale, rsqrt)."""
+    power, mean, add, rsqrt, scale, last = chain
+    with graph.inserting_before(last):
+        call = graph.call_function(PATTERN_KERNELS["rmsnorm_saved_kernel"], args)
+        call.meta = {**last.meta, "val": (val(last), val(scale), val(rsqrt))}
+        for index, node in enumerate((last, scale, rsqrt)):
+            part = graph.call_function(operator.getitem, (call, index))
+            part.meta = dict(node.meta)
+            node.replace_all_uses_with(part)
+    for node in (last, scale, rsqrt, add, mean, power):
+        graph.erase_node(node)
+    _restore_topological_order(graph)  # readers of the rsqrt that came before the norm's end now follow the call
 
 
 def _match_silu_mul(graph: fx.Graph, mul: fx.Node) -> bool:
@@ -281,8 +313,8 @@ def rewrite(gm: fx.GraphModule) -> dict[str, int]:
     for node in list(gm.graph.nodes):
         if getattr(node, "_erased", False) or node.op != "call_function":
             continue
-        if is_call(node, aten.rsqrt) and _match_rmsnorm(gm.graph, node):
-            found["rmsnorm_kernel"] += 1
+        if is_call(node, aten.rsqrt) and (norm := _match_rmsnorm(gm.graph, node)):
+            found[norm] += 1
         elif is_call(node, aten.mul) and _match_silu_mul(gm.graph, node):
             found["silu_mul_kernel"] += 1
         elif is_call(node, aten.add) and _match_rope(gm.graph, node):

@@ -500,9 +500,10 @@ class NkiTensor:
 
 class Indirect:
     """The addressing of an indirect access pattern: the element indices come from the index tile when the DMA
-    runs (as on hardware), so a replayed DMA gathers with that call's indices."""
+    runs (as on hardware), so a replayed DMA gathers with that call's indices. The part of every index that does
+    not depend on the tile (the offset and the other dims' steps) is computed once, with its extremes."""
 
-    __slots__ = ("pattern", "offset", "dim", "size", "offsets", "shape")
+    __slots__ = ("pattern", "offset", "dim", "size", "offsets", "shape", "_static", "_low", "_high")
 
     def __init__(self, pattern, offset: int, dim: int, size: int, offsets: NkiTensor) -> None:
         self.pattern = pattern
@@ -511,6 +512,11 @@ class Indirect:
         self.size = size  # elements of the whole allocation
         self.offsets = offsets  # the index tile
         self.shape = tuple(n for _, n in pattern)
+        static = np.full([1 if k == dim else n for k, n in enumerate(self.shape)], offset, dtype=np.int64)
+        for k, (st, n) in enumerate(pattern):
+            if k != dim:
+                static += (np.arange(n, dtype=np.int64) * st).reshape([n if j == k else 1 for j in range(len(pattern))])
+        self._static, self._low, self._high = static, int(static.min()), int(static.max())
 
     def resolve(self) -> tuple[np.ndarray, np.ndarray | None]:
         """(flat element indices, out-of-bounds mask or None) from the index tile's current values."""
@@ -520,17 +526,15 @@ class Indirect:
             rows = rows.T.reshape(-1)[: counts[d]]
         rows = rows.reshape(-1)
         rows = rows.astype(np.int64) if rows.dtype.kind in "iu" else np.rint(rows.astype(np.float64)).astype(np.int64)
-        idx = np.full(counts, self.offset, dtype=np.int64)
-        for k, (st, n) in enumerate(self.pattern):
-            shape = [1] * len(counts)
-            shape[k] = n
-            along = rows * st if k == d else np.arange(n, dtype=np.int64) * st
-            idx += along.reshape(shape)
+        along = rows * self.pattern[d][0]
+        shape = [1] * len(counts)
+        shape[d] = counts[d]
+        idx = self._static + along.reshape(shape)
         # a dynamic index out of range invalidates its whole row (the DMA skips whole descriptors)
-        oob = (idx < 0) | (idx >= self.size)
-        other_axes = tuple(k for k in range(len(counts)) if k != d)
-        oob = np.broadcast_to(oob.any(axis=other_axes, keepdims=True), oob.shape) if other_axes else oob
-        return idx, oob if oob.any() else None
+        bad = (along + self._low < 0) | (along + self._high >= self.size)
+        if not bad.any():
+            return idx, None
+        return idx, np.broadcast_to(bad.reshape(shape), counts)
 
 
 def _outside_step(what: str) -> None:

@@ -42,12 +42,27 @@ def test_chains_become_library_kernels_and_match_eager():
         torch.testing.assert_close(lowered(*args), fn(*args), atol=1e-5, rtol=1e-5)
 
 
-def test_a_chain_whose_intermediates_are_needed_elsewhere_stays_fused_code():
-    def norm_and_stat(x, weight):
-        inverse = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)  # a training forward saves this
-        return weight * (x * inverse), inverse
+def test_a_training_forward_norm_is_one_kernel_that_also_returns_what_the_backward_saves():
+    def norm_and_saved(x, weight):  # Hugging Face's RMSNorm as AOTAutograd's forward graph saves it
+        inverse = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+        normed = x * inverse
+        return weight * normed, normed, inverse.detach()
 
-    args = torch.randn(4, 32), torch.randn(32)
+    for args in ((torch.randn(4, 32), torch.randn(32)), (torch.randn(2, 130, 24), torch.randn(24))):
+        lowered, names = lowered_calls(norm_and_saved, *args)
+        assert names == ["rmsnorm_saved_kernel"]
+        for ours, theirs in zip(lowered(*args), norm_and_saved(*args), strict=True):
+            assert ours.shape == theirs.shape
+            torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(load_region(dump_region(lowered))(*args)[0], norm_and_saved(*args)[0])
+
+
+def test_an_unweighted_norm_whose_statistic_is_needed_elsewhere_stays_fused_code():
+    def norm_and_stat(x):
+        inverse = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return x * inverse, inverse
+
+    args = (torch.randn(4, 32),)
     lowered, names = lowered_calls(norm_and_stat, *args)
     assert names == []
     for ours, theirs in zip(lowered(*args), norm_and_stat(*args), strict=True):
