@@ -7,7 +7,8 @@ interpreter (`neuron_dynamo.nki`).
 
 One module per kernel family; each module docstring states the layout contract and the tiling idea:
 `matmul` (matmul_kernel), `transpose` (transpose_kernel), `softmax` (softmax_kernel, log_softmax_kernel),
-`norms` (rmsnorm_kernel, layernorm_kernel), `activations` (activation_kernel, gated_activation_kernel),
+`norms` (rmsnorm_kernel, rmsnorm_saved_kernel, layernorm_kernel),
+`activations` (activation_kernel, gated_activation_kernel),
 `rope` (rope_kernel), `attention` (attention_kernel: flash forward, GQA, causal/masked, decode),
 `attention_bwd` (attention_backward_kernel), `cross_entropy` (cross_entropy_kernel,
 cross_entropy_backward_kernel), `embedding` (embedding_kernel). Shared pieces: `tiling` (tile sizes,

@@ -1,11 +1,12 @@
-"""rmsnorm_kernel / layernorm_kernel against torch: ragged rows and widths, long rows, optional parameters."""
+"""rmsnorm_kernel, rmsnorm_saved_kernel and layernorm_kernel against torch: ragged rows and widths, long rows,
+optional parameters."""
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kernel_checks import DTYPES, assert_close, randn
-from neuron_dynamo.kernels.norms import layernorm_kernel, rmsnorm_kernel
+from neuron_dynamo.kernels.norms import layernorm_kernel, rmsnorm_kernel, rmsnorm_saved_kernel
 
 
 def rms_reference(x, weight, eps):
@@ -43,3 +44,19 @@ def test_norms_long_rows_are_chunked():
     weight, bias = randn(9000, seed=7), randn(9000, seed=8)
     assert_close(layernorm_kernel(x, weight, bias, 1e-5), ln_reference(x, weight, bias, 1e-5), torch.float32)
     assert_close(rmsnorm_kernel(x, weight, 1e-6), rms_reference(x, weight, 1e-6), torch.float32)
+
+
+@settings(max_examples=6, deadline=None)
+@given(rows=st.integers(1, 300), d=st.sampled_from([2, 64, 700, 9000]), dtype=st.sampled_from(DTYPES))
+def test_saved_rmsnorm_returns_what_a_training_forward_saves(rows, d, dtype):
+    """(y, x̂, rstd) as Hugging Face's RMSNorm computes them in x's dtype: rstd = rsqrt(mean(x²) + eps) per row,
+    x̂ = x · rstd, y = weight · x̂."""
+    x = randn(2, rows, d, dtype=dtype, seed=rows + d, scale=3.0)
+    weight = randn(d, dtype=dtype, seed=3)
+    y, xhat, rstd = rmsnorm_saved_kernel(x, weight, 1e-6)
+    want_rstd = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6).to(dtype)
+    want_xhat = x * want_rstd
+    assert y.shape == xhat.shape == x.shape and rstd.shape == (2 * rows, 1)
+    assert_close(rstd.reshape(2, rows, 1), want_rstd, dtype)
+    assert_close(xhat, want_xhat, dtype)
+    assert_close(y, weight * want_xhat, dtype)
