@@ -160,7 +160,7 @@ def load_value_blocks(src, sk, d):
     blocks = []
     for k0 in range(0, sk, KEY_BLOCK):
         per = min(KEY_BLOCK, sk - k0) // PMAX
-        tile = nl.ndarray((PMAX, KEY_BLOCK // PMAX, d), dtype=src.dtype, buffer=nl.sbuf)
+        tile = nl.ndarray((PMAX, per, d), dtype=src.dtype, buffer=nl.sbuf)
         nisa.dma_copy(dst=tile[:, 0:per, 0:d], src=src[k0 : k0 + per * PMAX, 0:d].reshape((PMAX, per, d)))
         blocks.append(tile)
     return blocks
@@ -185,7 +185,7 @@ def length_mask(kv_len, b, rows, sk, dtype):
     invalid = nl.ndarray((PMAX, sk), dtype=dtype, buffer=nl.sbuf)
     for k0 in range(0, sk, KEY_BLOCK):
         kb = min(KEY_BLOCK, sk - k0)
-        positions = nl.ndarray((PMAX, KEY_BLOCK), dtype=nl.int32, buffer=nl.sbuf)
+        positions = nl.ndarray((PMAX, kb), dtype=nl.int32, buffer=nl.sbuf)
         nisa.iota(dst=positions[0:rows, 0:kb], pattern=[[1, kb]], offset=k0, channel_multiplier=0)
         nisa.tensor_scalar(dst=invalid[0:rows, k0 : k0 + kb], data=positions[0:rows, 0:kb], op0=nl.greater_equal,
                            operand0=lengths[0:rows, 0:1], op1=nl.multiply, operand1=masked_value(dtype),
@@ -199,7 +199,7 @@ def extra_mask(masks, rows, k0, kb, scale, dtype):
     m_view, m_r0, m_bcast, invalid, _ = masks
     if m_view == None:  # noqa: E711
         return invalid[0:rows, k0 : k0 + kb] if invalid != None else None  # noqa: E711 (masked/scale: still masked)
-    raw = nl.ndarray((PMAX, KEY_BLOCK), dtype=m_view.dtype, buffer=nl.sbuf)
+    raw = nl.ndarray((PMAX, kb), dtype=m_view.dtype, buffer=nl.sbuf)
     if m_bcast:  # one mask row for every query head of the group
         for r in range(rows):
             nisa.dma_copy(dst=raw[r : r + 1, 0:kb], src=m_view[0:1, k0 : k0 + kb])
@@ -207,12 +207,12 @@ def extra_mask(masks, rows, k0, kb, scale, dtype):
         nisa.dma_copy(dst=raw[0:rows, 0:kb], src=m_view[m_r0 : m_r0 + rows, k0 : k0 + kb])
     gp = nisa.engine.gpsimd
     floor = masked_value(dtype)  # no -inf and no overflow in `dtype`: the block goes through a matmul (0·-inf = NaN)
-    block = nl.ndarray((PMAX, KEY_BLOCK), dtype=dtype, buffer=nl.sbuf)
+    block = nl.ndarray((PMAX, kb), dtype=dtype, buffer=nl.sbuf)
     if invalid == None:  # noqa: E711
         nisa.tensor_scalar(dst=block[0:rows, 0:kb], data=raw[0:rows, 0:kb], op0=nl.multiply, operand0=1.0 / scale,
                            op1=nl.maximum, operand1=floor, engine=gp)
     else:  # add the valid-length mask in fp32, then clamp on the way to `dtype`
-        summed = nl.ndarray((PMAX, KEY_BLOCK), dtype=nl.float32, buffer=nl.sbuf)
+        summed = nl.ndarray((PMAX, kb), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_scalar(dst=summed[0:rows, 0:kb], data=raw[0:rows, 0:kb], op0=nl.multiply, operand0=1.0 / scale,
                            op1=nl.maximum, operand1=floor, engine=gp)
         nisa.tensor_tensor(dst=summed[0:rows, 0:kb], data1=summed[0:rows, 0:kb], data2=invalid[0:rows, k0 : k0 + kb],
@@ -235,7 +235,7 @@ def _attend(q_t, rows, k_t, values, k_end, diag_at, diagonal, masks, scale, d, o
     single = k_end <= KEY_BLOCK
     for bi, k0 in enumerate(range(0, k_end, KEY_BLOCK)):
         kb = min(KEY_BLOCK, k_end - k0)
-        scores = nl.ndarray((PMAX, KEY_BLOCK), dtype=nl.float32, buffer=nl.psum)
+        scores = nl.ndarray((PMAX, kb), dtype=nl.float32, buffer=nl.psum)
         for c0 in range(0, kb, FMAX):
             cs = min(FMAX, kb - c0)
             nisa.nc_matmul(dst=scores[0:rows, c0 : c0 + cs], stationary=q_t[0:d, 0:rows],
@@ -264,7 +264,7 @@ def _attend(q_t, rows, k_t, values, k_end, diag_at, diagonal, masks, scale, d, o
             nisa.activation(dst=shrink[0:rows, 0:1], op=nl.exp, data=neg_max[0:rows, 0:1], scale=-1.0,
                             bias=block_max[0:rows, 0:1])
         neg_max = block_max
-        probs = nl.ndarray((PMAX, KEY_BLOCK), dtype=q_t.dtype, buffer=nl.sbuf)
+        probs = nl.ndarray((PMAX, kb), dtype=q_t.dtype, buffer=nl.sbuf)
         block_sum = nl.ndarray((PMAX, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.activation_reduce(dst=probs[0:rows, 0:kb], op=nl.exp, data=scores[0:rows, 0:kb], reduce_op=nl.add,
                                reduce_res=block_sum[0:rows, 0:1], bias=neg_max[0:rows, 0:1], scale=scale)
@@ -330,7 +330,7 @@ def _probs_times_v(probs, rows, kb, values, k0, d):
             by_engine[1 if route == "v" else 0].append(j)
     for run in by_dma:  # [128 q, n, 128 k] → [128 k, n, 128 q]: 1 KiB of each partition per 4-block run
         n, j0 = len(run), run[0]
-        tile = nl.ndarray((PMAX, 4, PMAX), dtype=probs.dtype, buffer=nl.sbuf)
+        tile = nl.ndarray((PMAX, n, PMAX), dtype=probs.dtype, buffer=nl.sbuf)
         nisa.dma_transpose(dst=tile[:, 0:n, :],
                            src=probs[:, j0 * PMAX : (j0 + n) * PMAX].reshape((PMAX, n, PMAX)))
         for i, j in enumerate(run):
@@ -338,12 +338,12 @@ def _probs_times_v(probs, rows, kb, values, k0, d):
     for e, blocks in enumerate(by_engine):
         for g0 in range(0, len(blocks), 4):
             group = blocks[g0 : g0 + 4]
-            flipped = nl.ndarray((PMAX, 4 * PMAX), dtype=probs.dtype, buffer=nl.psum)
+            flipped = nl.ndarray((PMAX, len(group) * PMAX), dtype=probs.dtype, buffer=nl.psum)
             for i, j in enumerate(group):
                 kt = min(PMAX, kb - j * PMAX)
                 columns = slice(j, kb, per) if interleaved else slice(j * PMAX, j * PMAX + kt)
                 nisa.nc_transpose(dst=flipped[0:kt, i * PMAX : i * PMAX + rows], data=probs[0:rows, columns])
-            tile = nl.ndarray((PMAX, 4 * PMAX), dtype=probs.dtype, buffer=nl.sbuf)
+            tile = nl.ndarray((PMAX, len(group) * PMAX), dtype=probs.dtype, buffer=nl.sbuf)
             width = (len(group) - 1) * PMAX + rows
             if e == 0:
                 nisa.activation(dst=tile[:, 0:width], op=nl.copy, data=flipped[:, 0:width])
