@@ -132,7 +132,7 @@ def _load_b_block(b, k0, kc, n0, nb, transpose_b):
 
 def _multiply_strip(a_tiles, b_tiles, mt, kc, nb):
     """PSUM accumulators [mt, ≤512] (one bank each) of the strip product, summed over the K tiles."""
-    acc = [nl.ndarray((PMAX, FMAX), dtype=nl.float32, buffer=nl.psum) for _ in range(cdiv(nb, FMAX))]
+    acc = [nl.ndarray((PMAX, min(FMAX, nb - s0)), dtype=nl.float32, buffer=nl.psum) for s0 in range(0, nb, FMAX)]
     for j in range(len(a_tiles)):
         kt = min(PMAX, kc - j * PMAX)
         for s in range(len(acc)):  # same stationary for every bank: TensorE loads it once
@@ -158,7 +158,7 @@ def _epilogue(acc, stage, scratch, bias_rows, act, c, m0, mt, n0, nb):
         cols = slice(s * FMAX, s * FMAX + min(FMAX, nb - s * FMAX))
         total = acc[s][0:mt, 0 : cols.stop - cols.start]
         if partial != None:  # noqa: E711
-            summed = nl.ndarray((PMAX, FMAX), dtype=nl.float32, buffer=nl.sbuf)
+            summed = nl.ndarray((PMAX, cols.stop - cols.start), dtype=nl.float32, buffer=nl.sbuf)
             nisa.tensor_tensor(dst=summed[0:mt, 0 : cols.stop - cols.start], data1=total, data2=partial[0:mt, cols],
                                op=nl.add)
             total = summed[0:mt, 0 : cols.stop - cols.start]
@@ -166,7 +166,7 @@ def _epilogue(acc, stage, scratch, bias_rows, act, c, m0, mt, n0, nb):
             nisa.tensor_copy(dst=out[0:mt, cols], src=total)
             continue
         if bias_rows != None:  # noqa: E711
-            biased = nl.ndarray((PMAX, FMAX), dtype=nl.float32, buffer=nl.sbuf)
+            biased = nl.ndarray((PMAX, cols.stop - cols.start), dtype=nl.float32, buffer=nl.sbuf)
             nisa.tensor_tensor(dst=biased[0:mt, 0 : cols.stop - cols.start], data1=total, data2=bias_rows[0:mt, cols],
                                op=nl.add)
             total = biased[0:mt, 0 : cols.stop - cols.start]

@@ -76,7 +76,7 @@ def broadcast_rows(vec, n0, n, dtype):
     rows = nl.ndarray((PMAX, n), dtype=dtype, buffer=nl.sbuf)
     for s0 in range(0, n, FMAX):
         ns = min(FMAX, n - s0)
-        spread = nl.ndarray((PMAX, FMAX), dtype=nl.float32, buffer=nl.psum)
+        spread = nl.ndarray((PMAX, ns), dtype=nl.float32, buffer=nl.psum)
         nisa.nc_matmul(dst=spread[0:PMAX, 0:ns], stationary=ones, moving=row[0:1, s0 : s0 + ns])
         nisa.tensor_copy(dst=rows[0:PMAX, s0 : s0 + ns], src=spread[0:PMAX, 0:ns])
     return rows

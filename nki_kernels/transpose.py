@@ -48,10 +48,10 @@ def _transpose_2d(x, out):
                 strips.append(strip)
             for j0 in range(0, cs, PMAX):
                 ct = min(PMAX, cs - j0)
-                flipped = nl.ndarray((PMAX, SQUARE), dtype=x.dtype, buffer=nl.psum)
+                flipped = nl.ndarray((PMAX, rs), dtype=x.dtype, buffer=nl.psum)
                 for i, strip in enumerate(strips):
                     rt = min(PMAX, rs - i * PMAX)
                     nisa.nc_transpose(dst=flipped[0:ct, i * PMAX : i * PMAX + rt], data=strip[0:rt, j0 : j0 + ct])
-                tile = nl.ndarray((PMAX, SQUARE), dtype=x.dtype, buffer=nl.sbuf)
+                tile = nl.ndarray((PMAX, rs), dtype=x.dtype, buffer=nl.sbuf)
                 nisa.tensor_copy(dst=tile[0:ct, 0:rs], src=flipped[0:ct, 0:rs])
                 nisa.dma_copy(dst=out[c0 + j0 : c0 + j0 + ct, r0 : r0 + rs], src=tile[0:ct, 0:rs])
