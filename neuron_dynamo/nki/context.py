@@ -156,17 +156,23 @@ class ProgramContext:
         self.counter = 0  # instructions executed so far
         self.allocations: list[Allocation] = []
         self.shared_seen = 0  # shared_hbm allocations made by this instance so far
-        self.scalar_reduce_regs = np.full((limits.pmax,), np.nan, dtype=np.float32)
         self.rng = np.random.default_rng(program_id)
         self.warned_unwritten: set[int] = set()  # storages already reported as read before any write
         self.warned_ranges: set = set()  # (kernel site, activation) pairs already reported out of range
 
-    def reset_registers(self) -> None:
-        """Back to the state of a fresh instance (a replay starts where the recorded call started)."""
-        self.scalar_reduce_regs.fill(np.nan)
-        regs = getattr(self, "vector_reduce_regs", None)
-        if regs is not None:
-            regs.fill(np.nan)
+    @property
+    def scalar_reduce_regs(self) -> np.ndarray:
+        """ScalarE's reduce registers (NaN in a fresh instance), made when an instruction first asks: a replay
+        resets only the registers its recorded instructions hold (`registers`)."""
+        regs = self.__dict__.get("_scalar_regs")
+        if regs is None:
+            regs = self._scalar_regs = np.full((self.limits.pmax,), np.nan, dtype=np.float32)
+        return regs
+
+    def registers(self) -> list[np.ndarray]:
+        """The register arrays made so far (a replay refills them with NaN, the state of a fresh instance)."""
+        return [regs for regs in (self.__dict__.get("_scalar_regs"), getattr(self, "vector_reduce_regs", None))
+                if regs is not None]
 
     def record(self, instr: Instruction) -> None:
         self.counter += 1

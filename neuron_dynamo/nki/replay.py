@@ -20,11 +20,11 @@ transpose) guards it and raises `ReplayDiverged`, which makes the caller rerun i
 from __future__ import annotations
 
 import enum
+import itertools
 import os
 import threading
 import types
 import weakref
-from collections import OrderedDict
 
 import numpy as np
 
@@ -95,21 +95,24 @@ class Recording:
 
 
 class Program:
-    """A recorded call: its steps, argument tensors, result, and profile."""
+    """A recorded call: its steps, argument tensors, result, and profile, with what the runtime bound for its
+    replays: where each tensor argument is loaded (`loads`) and how the caller gets fresh copies of the results
+    (`copy_out`)."""
 
-    def __init__(self, recording: Recording, arguments: list, written: list[int], result, contexts, profile) -> None:
+    def __init__(self, recording: Recording, arguments: list, written: list[int], result, contexts, profile,
+                 loads, copy_out) -> None:
         recording.fills.finish(_tensors_in(result))
         unseen = recording.fills.unseen
         self.steps = tuple(fn for i, fn in enumerate(recording.steps) if i not in unseen)
         self.fills_dropped = len(unseen)
         self.arguments = arguments  # runtime._Argument of the recorded call, in conversion order
         self.written = written  # indices of the arguments the kernel wrote
-        self.result = result
-        self.contexts = contexts
         self.profile = profile
-        self.copiers: dict = {}  # runtime's result copiers, by whether the caller passed torch tensors
+        self.loads = loads  # runtime._Loads: where each tensor argument of a replay is copied
+        self.copy_out = copy_out  # gives the caller fresh copies of the results
         alive = (ref() for ref in recording.storages)
-        self.storages = [s for s in alive if s is not None] + [arg.tensor._s for arg in arguments]
+        self.storages = tuple([s for s in alive if s is not None] + [arg.tensor._s for arg in arguments])
+        self.registers = tuple(regs for ctx in contexts for regs in ctx.registers())  # the ones the steps can use
         self.lock = threading.Lock()
         for ctx in contexts:  # what only the full run needed
             ctx.cost = None
@@ -117,11 +120,12 @@ class Program:
             ctx.launch.free_tiles.clear()
 
     def run(self) -> None:
-        """Replay every step on the argument arrays (already holding this call's inputs)."""
+        """Replay every step on the argument arrays (already holding this call's inputs), from the state the
+        recorded call started in (no cached upcasts, fresh registers)."""
         for s in self.storages:
             s.f32_cache = None
-        for ctx in self.contexts:
-            ctx.reset_registers()
+        for regs in self.registers:
+            regs.fill(np.nan)
         for fn in self.steps:
             fn()
 
@@ -134,26 +138,28 @@ def _tensors_in(result) -> list:
 
 
 class Programs:
-    """A kernel's recorded programs by signature (least recently used dropped first); `None` marks a signature
-    that must always run in full."""
+    """A kernel's recorded programs by signature (the least recently used dropped first); `None` marks a signature
+    that must always run in full. Each entry holds its last use on a clock: a lookup, on every launch, pays one
+    hash of the key (an ordered dict's move to the end pays two)."""
 
     def __init__(self) -> None:
-        self._by_key: OrderedDict = OrderedDict()
+        self._by_key: dict = {}  # key -> [program or None, last use]
+        self._clock = itertools.count()
 
     def get(self, key):
-        program = self._by_key.get(key, MISSING)
-        if program is not MISSING:
-            self._by_key.move_to_end(key)
-        return program
+        entry = self._by_key.get(key)
+        if entry is None:
+            return MISSING
+        entry[1] = next(self._clock)
+        return entry[0]
 
     def values(self) -> list:
-        return list(self._by_key.values())
+        return [entry[0] for entry in self._by_key.values()]
 
     def put(self, key, program: Program | None) -> None:
-        self._by_key[key] = program
-        self._by_key.move_to_end(key)
-        while len(self._by_key) > MAX_PROGRAMS_PER_KERNEL:
-            self._by_key.popitem(last=False)
+        self._by_key[key] = [program, next(self._clock)]
+        if len(self._by_key) > MAX_PROGRAMS_PER_KERNEL:
+            del self._by_key[min(self._by_key, key=lambda k: self._by_key[k][1])]
 
 
 MISSING = object()

@@ -130,7 +130,8 @@ def launch_scope() -> _LaunchScope:
 
 
 class _Argument:
-    """A tensor argument: the caller's object and the HBM tensor the kernel sees."""
+    """A tensor argument: the caller's object (let go when the call is kept for replays) and the HBM tensor the
+    kernel sees."""
 
     __slots__ = ("original", "tensor", "name", "alias")
 
@@ -138,7 +139,7 @@ class _Argument:
         self.original = original
         self.tensor = tensor
         self.name = name
-        self.alias = None  # a torch tensor sharing the array, in the caller's shape (made at the first torch copy)
+        self.alias = None  # a torch tensor sharing the array, in the caller's shape (made when first needed)
 
     def _torch_alias(self, value):
         """The argument's array as a torch tensor of `value`'s shape, or None when torch has no such dtype."""
@@ -159,19 +160,6 @@ class _Argument:
             original[...] = data.astype(np.bool_)
         else:
             original[...] = data
-
-    def load(self, value) -> bool:
-        """Copy the value of a later call (same shape and dtype) into this argument's array, for a replay; whether
-        the value was a torch tensor."""
-        if type(value) in _TORCH_TYPES:
-            alias = self._torch_alias(value)
-            if alias is None:
-                raise replay.ReplayDiverged(f"torch cannot share a {self.name} array")
-            alias.copy_(value.detach() if value.requires_grad else value)
-            return True
-        data = self.tensor._s.data
-        data[...] = value.reshape(data.shape)
-        return False
 
 
 def _torch_alias(array: np.ndarray, name: str):
@@ -209,16 +197,18 @@ class Kernel:
         return variant
 
     def __call__(self, *args, **kwargs):
-        return self._run(args, kwargs, want=None)
+        return self._run(args, kwargs, False)[0]
 
     def profile(self, *args, **kwargs) -> tuple[object, Profile]:
         """Run the kernel and also return its estimated device-time `Profile`."""
-        return self._run(args, kwargs, want="profile")
+        result, profile, kept = self._run(args, kwargs, True)
+        return result, _copy_profile(profile) if kept else profile
 
     def estimated(self, *args, **kwargs) -> tuple[object, float]:
         """Run the kernel and also return its estimated device time in ns (`profile(...)[1].estimated_ns`, without
         copying a replayed call's profile)."""
-        return self._run(args, kwargs, want="ns")
+        result, profile, _ = self._run(args, kwargs, True)
+        return result, profile.estimated_ns
 
     def __repr__(self) -> str:
         return f"<nki.jit kernel {self.fn.__qualname__} lnc={self.lnc}>"
@@ -241,22 +231,20 @@ class Kernel:
             self._param_names = [p.name for p in params]
         return self._param_names
 
-    def _run(self, args, kwargs, want: str | None):
+    def _run(self, args, kwargs, priced: bool):
+        """(results, profile, whether the profile is a kept one the caller must not change). The profile is None
+        for an unpriced call that was not recorded (computing it is not free). A call at a recorded signature
+        replays it, every other call runs in full (`_full_run`)."""
         if active() is not None:
             raise NkiValidationError(
                 "nested-jit",
                 f"kernel {self.fn.__name__} is decorated with @nki.jit but was called from inside another kernel; "
                 "sub-kernels must be plain functions (remove @nki.jit from the callee)",
             )
-        with _launch_scope as (limits, replaying):
-            return self._launch(args, kwargs, want, limits, replaying)
-
-    def _launch(self, args, kwargs, want: str | None, limits, replaying: bool):
-        names = self._check_signature()
-        if self.lnc > 1 and limits.nc_version < 3:
-            raise NkiValidationError(
-                "lnc", f"LNC={self.lnc} needs trn2 or newer; the target is {limits.name}", self._site()
-            )
+        if not getattr(_scope, "depth", 0):  # no scope held (a call outside a compiled region): set one up
+            with _launch_scope:
+                return self._run(args, kwargs, priced)
+        limits, replaying = _scope.settings
         values: list = []  # the tensor arguments, as the signature met them
         key = _signature(args, kwargs, limits.name, self.lnc, values) if replaying else None
         recording = None
@@ -264,14 +252,23 @@ class Kernel:
             program = self._programs.get(key)
             if program is replay.MISSING:
                 recording = replay.Recording()
-            elif program is not None and program.lock.acquire(blocking=False):
+            elif program is not None and program.lock.acquire(False):  # else another thread replays it
                 try:
-                    return self._replay(program, values, want)
+                    return self._replay(program, values), program.profile, True
                 except replay.ReplayDiverged as exc:
                     log.debug("kernel %s: replay diverged (%s); it runs in full from now on", self.fn.__name__, exc)
                     self._programs.put(key, None)
                 finally:
                     program.lock.release()
+        return self._full_run(args, kwargs, priced, limits, key, recording)
+
+    def _full_run(self, args, kwargs, priced: bool, limits, key, recording: replay.Recording | None):
+        """Interpret the kernel's Python, every rule checked and priced (and recorded when `recording` is given)."""
+        names = self._check_signature()
+        if self.lnc > 1 and limits.nc_version < 3:
+            raise NkiValidationError(
+                "lnc", f"LNC={self.lnc} needs trn2 or newer; the target is {limits.name}", self._site()
+            )
         hbm = "shared_hbm" if self.lnc > 1 else "private_hbm"
         arguments: list[_Argument] = []
         use_torch = False
@@ -329,39 +326,42 @@ class Kernel:
         launch.run([body(ctx) for ctx in contexts])
         result = results[0]
         kept = recording is not None and recording.reason is None
-        profile = _profile(contexts) if want or kept else None
+        profile = _profile(contexts) if priced or kept else None
         arg_storages = {id(arg.tensor._s) for arg in arguments}
         converted = self._convert_outputs(result, use_torch, set(), arg_storages, kept)
         written = [i for i, arg in enumerate(arguments) if arg.tensor._s.written]
         for i in written:
             arguments[i].write_back(arguments[i].original)
         if recording is not None:
-            if kept:
-                self._programs.put(key, replay.Program(recording, arguments, written, result, contexts, profile))
+            loads = _loads(arguments) if kept else None
+            if loads is not None:
+                copy_out = _copier(result, use_torch)
+                self._programs.put(key, replay.Program(recording, arguments, written, result, contexts, profile,
+                                                       loads, copy_out))
             else:
-                log.debug("kernel %s is not replayed: %s", self.fn.__name__, recording.reason)
+                log.debug("kernel %s is not replayed: %s", self.fn.__name__,
+                          recording.reason or "torch cannot share an argument's array")
                 self._programs.put(key, None)
-        return _wanted(converted, profile, want, kept)
+        return converted, profile, kept
 
-    def _replay(self, program: replay.Program, values: list, want: str | None):
-        """A later call at a recorded signature: load its inputs (`values`, the tensor arguments in conversion order),
-        rerun the recorded steps, hand out copies."""
-        use_torch = False
-        for arg, value in zip(program.arguments, values, strict=True):
-            alias = arg.alias
-            if alias is None or alias is False or type(value) not in _TORCH_TYPES:
-                use_torch |= arg.load(value)
-            else:  # `load`'s torch path once the alias exists, without its calls
-                alias.copy_(value.detach() if value.requires_grad else value)
-                use_torch = True
+    def _replay(self, program: replay.Program, values: list):
+        """A later call at a recorded signature: load its inputs (`values`, the tensor arguments in conversion order)
+        into the recorded arrays, rerun the recorded steps, hand out copies of the results."""
+        loads = program.loads
+        sources = values
+        if loads.arrays:  # a NumPy caller's arguments
+            for i, array in loads.arrays:
+                array[...] = values[i].reshape(array.shape)
+            sources = [values[i] for i in loads.positions]
+        if sources:
+            if torch.is_grad_enabled():  # a copy from a tensor that requires grad must not be recorded
+                sources = [v.detach() if v.requires_grad else v for v in sources]
+            torch._foreach_copy_(loads.aliases, sources)  # one call for all: cheaper than a copy_ per argument
         program.run()
-        copier = program.copiers.get(use_torch)
-        if copier is None:
-            copier = program.copiers[use_torch] = _copier(program.result, use_torch)
-        converted = copier()
+        converted = program.copy_out()
         for i in program.written:
             program.arguments[i].write_back(values[i])
-        return _wanted(converted, program.profile, want, True)
+        return converted
 
     def _convert_outputs(self, out, use_torch: bool, handed_out: set[int], arg_storages: set[int], kept: bool):
         """The kernel's results as the caller's arrays. A kernel may return one of its own arguments (an output
@@ -402,25 +402,64 @@ def _to_caller(data: np.ndarray, dtype: str, use_torch: bool):
 
 def _copier(out, use_torch: bool):
     """A function giving fresh copies of a recorded call's results, in the structure the kernel returned (checked by
-    the recorded call's `_convert_outputs`)."""
+    the recorded call's `_convert_outputs`). The caller type is the recorded call's: a replay's arguments are of the
+    same kinds (the signature keys torch and NumPy apart)."""
     if out is None:
         return lambda: None
     if isinstance(out, (tuple, list)):
+        if type(out) is tuple and all(_plain(o, use_torch) for o in out):  # the commonest: a tuple of tiles
+            arrays = tuple(o._a for o in out)
+            if use_torch:
+                return lambda: tuple([torch.from_numpy(np.array(a)) for a in arrays])
+            return lambda: tuple([np.array(a) for a in arrays])
         parts = [_copier(o, use_torch) for o in out]
         return lambda: type(out)(part() for part in parts)
     a, dtype = out._a, out.dtype
-    if use_torch and dtype not in _TORCH_VIEW and dtype not in ("bool", "float8_e4m3"):
-        return lambda: torch.from_numpy(np.array(a))  # np.array + from_numpy beats torch's clone on tiles
+    if _plain(out, use_torch):
+        if use_torch:
+            return lambda: torch.from_numpy(np.array(a))  # np.array + from_numpy beats torch's clone on tiles
+        return lambda: np.array(a)
     return lambda: _to_caller(np.array(a), dtype, use_torch)
 
 
-def _wanted(converted, profile: Profile | None, want: str | None, kept: bool):
-    """What the caller asked for: the results, with the profile (a copy of a kept one) or its estimate."""
-    if want is None:
-        return converted
-    if want == "ns":
-        return converted, profile.estimated_ns
-    return converted, _copy_profile(profile) if kept else profile
+def _plain(out, use_torch: bool) -> bool:
+    """Whether the caller takes a copy of the result's array as it is (torch: no bit view, no cast; NumPy: any
+    dtype but bool)."""
+    if not isinstance(out, NkiTensor):
+        return False
+    if use_torch:
+        return out.dtype not in _TORCH_VIEW and out.dtype not in ("bool", "float8_e4m3")
+    return out.dtype != "bool"
+
+
+class _Loads:
+    """Where a replay copies the tensor arguments: a torch one into a torch alias of its array (in the caller's shape
+    and dtype), a NumPy one into the array itself. A program's callers pass the kinds the recorded call passed (the
+    signature keys torch and NumPy apart)."""
+
+    __slots__ = ("aliases", "positions", "arrays")
+
+    def __init__(self, aliases: list, positions: list[int], arrays: tuple) -> None:
+        self.aliases = aliases  # of the torch arguments
+        self.positions = positions  # their places among the tensor arguments
+        self.arrays = arrays  # (place, array) of the NumPy arguments
+
+
+def _loads(arguments: list[_Argument]) -> _Loads | None:
+    """The loads of a recorded call's replays, or None when torch cannot share an argument's array (such a call is
+    not replayed). The recorded call's objects are let go: a program must not keep them alive."""
+    aliases, positions, arrays = [], [], []
+    for i, arg in enumerate(arguments):
+        if _is_torch(arg.original):
+            alias = arg._torch_alias(arg.original)
+            if alias is None:
+                return None
+            aliases.append(alias)
+            positions.append(i)
+        else:
+            arrays.append((i, arg.tensor._s.data))
+        arg.original = None
+    return _Loads(aliases, positions, tuple(arrays))
 
 
 def _profile(contexts) -> Profile:

@@ -24,7 +24,7 @@ from neuron_dynamo.nki import runtime as nki_runtime
 _local = threading.local()
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class DeviceTime:
     """Estimated device time accumulated by the kernel launches inside one `device_time()` block."""
 
@@ -58,8 +58,9 @@ def launch(kernel: Any, *args: Any, **kwargs: Any) -> Any:
     result, estimated_ns = estimated(*args, **kwargs)
     stack = getattr(_local, "stack", None)
     if stack:
-        stack[-1].ns += estimated_ns
-        stack[-1].kernels += 1
+        block = stack[-1]
+        block.ns += estimated_ns
+        block.kernels += 1
     return result
 
 
