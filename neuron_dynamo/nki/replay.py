@@ -22,7 +22,6 @@ from __future__ import annotations
 import enum
 import itertools
 import os
-import threading
 import types
 import weakref
 
@@ -113,11 +112,9 @@ class Program:
         alive = (ref() for ref in recording.storages)
         self.storages = tuple([s for s in alive if s is not None] + [arg.tensor._s for arg in arguments])
         self.registers = tuple(regs for ctx in contexts for regs in ctx.registers())  # the ones the steps can use
-        self.lock = threading.Lock()
         for ctx in contexts:  # what only the full run needed
             ctx.cost = None
             ctx.allocations = []
-            ctx.launch.free_tiles.clear()
 
     def run(self) -> None:
         """Replay every step on the argument arrays (already holding this call's inputs), from the state the

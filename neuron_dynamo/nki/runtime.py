@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from neuron_dynamo.nki import dtypes, replay
-from neuron_dynamo.nki.context import Launch, ProgramContext, active, set_current
+from neuron_dynamo.nki.context import DEVICE, Launch, ProgramContext, active, set_current
 from neuron_dynamo.nki.costmodel import Profile, combine_profiles
 from neuron_dynamo.nki.errors import NkiValidationError
 from neuron_dynamo.nki.target import current_limits
@@ -247,20 +247,20 @@ class Kernel:
         limits, replaying = _scope.settings
         values: list = []  # the tensor arguments, as the signature met them
         key = _signature(args, kwargs, limits.name, self.lnc, values) if replaying else None
-        recording = None
-        if key is not None:
-            program = self._programs.get(key)
-            if program is replay.MISSING:
-                recording = replay.Recording()
-            elif program is not None and program.lock.acquire(False):  # else another thread replays it
-                try:
-                    return self._replay(program, values), program.profile, True
-                except replay.ReplayDiverged as exc:
-                    log.debug("kernel %s: replay diverged (%s); it runs in full from now on", self.fn.__name__, exc)
-                    self._programs.put(key, None)
-                finally:
-                    program.lock.release()
-        return self._full_run(args, kwargs, priced, limits, key, recording)
+        with DEVICE.lock:  # launches run one at a time: they share the device's tile arrays
+            recording = None
+            if key is not None:
+                program = self._programs.get(key)
+                if program is replay.MISSING:
+                    recording = replay.Recording()
+                elif program is not None:
+                    try:
+                        return self._replay(program, values), program.profile, True
+                    except replay.ReplayDiverged as exc:
+                        log.debug("kernel %s: replay diverged (%s); it runs in full from now on", self.fn.__name__,
+                                  exc)
+                        self._programs.put(key, None)
+            return self._full_run(args, kwargs, priced, limits, key, recording)
 
     def _full_run(self, args, kwargs, priced: bool, limits, key, recording: replay.Recording | None):
         """Interpret the kernel's Python, every rule checked and priced (and recorded when `recording` is given)."""
@@ -323,7 +323,10 @@ class Kernel:
 
             return run_instance
 
-        launch.run([body(ctx) for ctx in contexts])
+        try:
+            launch.run([body(ctx) for ctx in contexts])
+        finally:
+            launch.release()
         result = results[0]
         kept = recording is not None and recording.reason is None
         profile = _profile(contexts) if priced or kept else None

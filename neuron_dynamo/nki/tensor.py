@@ -630,14 +630,10 @@ def allocate(shape, dtype, buffer, name: str = "", fill=None, site=None) -> NkiT
     storage_dtype = dtypes.STORAGE[name_dt]
     if use is not None:  # on-chip tiles come and go by the thousand: reuse the memory of dead ones (warm pages)
         key = (shape, storage_dtype)
-        free = ctx.launch.free_tiles.get(key)
-        if free:
-            data = free.pop()
-            data.fill(value)
-        else:
-            data = np.full(shape, value, dtype=storage_dtype)
+        data = ctx.launch.tile(key, shape, storage_dtype)
+        data.fill(value)
         storage = Storage(data, region, name, site, use)
-        weakref.finalize(storage, _recycle, ctx.launch.free_tiles, key, data)
+        weakref.finalize(storage, _recycle, ctx.launch, key, data)
         _recorded(ctx, storage, value)
         return NkiTensor(data, storage, name_dt)
     data = np.full(shape, value, dtype=storage_dtype)
@@ -654,10 +650,11 @@ def _recorded(ctx, storage: Storage, value) -> None:
         recording.allocated(storage, value)
 
 
-def _recycle(free_tiles: dict, key, data: np.ndarray) -> None:
-    """Keep a dead tile's array for the next allocation of the same shape and dtype (a few per shape)."""
-    bucket = free_tiles.setdefault(key, [])
-    if len(bucket) < 8:
+def _recycle(launch, key, data: np.ndarray) -> None:
+    """Keep a dead tile's array for the launch's next allocation of the same shape and dtype (a few per shape;
+    once the launch is over, `Launch.release` has handed every array back)."""
+    bucket = launch.free_tiles.setdefault(key, [])
+    if not launch.finished and len(bucket) < 8:
         bucket.append(data)
 
 
