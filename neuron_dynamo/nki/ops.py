@@ -3,13 +3,17 @@
 Kernels name an operator with an `nl.*` function (`op=nl.add`, `op=nl.exp`) or, as many NKI examples do, with the
 NumPy function of the same meaning (`np.add`, `np.exp`, `np.max`). Both resolve here to one `AluOp` / activation.
 Arithmetic ALU ops compute in fp32 (comparisons give 1.0/0.0); bit-vector ops work on the integer bit patterns.
+Replayed steps compute them into arrays bound at record time: `alu_into` and `TORCH_ACTIVATIONS` (one vectorised
+torch kernel where NumPy would make several passes or temporaries).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from neuron_dynamo.nki.context import current
 from neuron_dynamo.nki.errors import NkiValidationError
@@ -28,6 +32,81 @@ def _cmp(fn):
 def out_ufunc(fn):
     """The NumPy ufunc that computes the ALU function `fn` straight into an fp32 array (`out=`), or None."""
     return fn if isinstance(fn, np.ufunc) else getattr(fn, "into", None)
+
+
+def alu_into(alu: AluOp, a, b, out: np.ndarray):
+    """A step computing `alu.fn(a, b)` into the fp32 array `out` (a or b may be `out` itself); `a`, `b`: arrays of
+    out's shape or broadcastable columns and scalars bound now, or functions giving one per call. None when the
+    operator has no `out=` form.
+
+    Torch's kernel runs where it is one vectorised pass and NumPy's is not (rows with gaps, which NumPy iterates one
+    by one; a [P, 1] column broadcast; maximum/minimum, which have no SIMD loop for a scalar operand), else NumPy's
+    ufunc: the same IEEE fp32 operation either way.
+    """
+    ufunc = out_ufunc(alu.fn)
+    if ufunc is None:
+        return None
+    twin = _TORCH_ALU.get(alu.name)
+    if twin is not None and _torch_pays(alu.name, (a, b), out):
+        ta, tb = (torch_view(np.asarray(x)) for x in (a, b))
+        return functools.partial(twin, ta, tb, out=torch.from_numpy(out))
+    if not (callable(a) or callable(b)):
+        return functools.partial(ufunc, a, b, out=out)
+    read_a = a if callable(a) else (lambda: a)
+    read_b = b if callable(b) else (lambda: b)
+    return lambda: ufunc(read_a(), read_b(), out=out)
+
+
+_TORCH_ALU = {"add": torch.add, "subtract": torch.sub, "multiply": torch.mul, "divide": torch.div,
+              "maximum": torch.maximum, "minimum": torch.minimum}  # NaN-propagating, like np.maximum
+_TORCH_MIN_ELEMENTS = 2048  # below this, torch's per-call overhead outweighs NumPy's slower loops
+
+
+def _torch_pays(name: str, operands, out: np.ndarray) -> bool:
+    """Whether torch computes `out = operands[0] op operands[1]` faster than NumPy (see `alu_into`) and can: every
+    operand an fp32 scalar or an fp32 array torch can view (`torch_view`), none overlapping `out` other than
+    exactly."""
+    if out.size < _TORCH_MIN_ELEMENTS or not torch_viewable(out):
+        return False
+    pays = name in ("maximum", "minimum") or not out.flags.c_contiguous
+    for x in operands:
+        if isinstance(x, np.float32):
+            continue
+        if not isinstance(x, np.ndarray) or torch_view(x) is None or partial_overlap(x, out):
+            return False
+        pays = pays or not x.flags.c_contiguous or x.shape[-1] == 1 < out.shape[-1]
+    return pays
+
+
+def torch_viewable(a: np.ndarray) -> bool:
+    """An fp32 array torch.from_numpy shares without copying or warning (writable, no negative strides)."""
+    return a.dtype == _F32 and a.flags.writeable and min(a.strides, default=0) >= 0
+
+
+def torch_view(a: np.ndarray) -> torch.Tensor | None:
+    """A torch tensor sharing the memory of the fp32 array `a` (strides not negative), or None. A read-only view
+    (a broadcast: stride 0) is built on the writable array it views, for reading only."""
+    if a.dtype != _F32 or min(a.strides, default=0) < 0:
+        return None
+    if a.flags.writeable:
+        return torch.from_numpy(a)
+    base = a
+    while isinstance(base.base, np.ndarray):
+        base = base.base
+    offset = a.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+    if not (base.flags.writeable and base.flags.c_contiguous) or (offset | base.nbytes) % 4 or any(
+            st % 4 for st in a.strides):
+        return None
+    whole = torch.from_numpy(base.reshape(-1).view(np.uint8)).view(torch.float32)
+    return whole.as_strided(a.shape, [st // 4 for st in a.strides], offset // 4)
+
+
+def partial_overlap(x: np.ndarray, out: np.ndarray) -> bool:
+    """x shares memory with out other than as the very same view (which an element-wise kernel may update in
+    place; torch refuses partial overlaps)."""
+    same = (x.__array_interface__["data"][0] == out.__array_interface__["data"][0] and x.shape == out.shape
+            and x.strides == out.strides)
+    return not same and np.may_share_memory(x, out)
 
 
 def _logical(fn):
@@ -159,23 +238,44 @@ def _check_generation(alu: AluOp) -> None:
         )
 
 
-def _erf(x: np.ndarray) -> np.ndarray:
-    import torch
-
-    return torch.special.erf(torch.from_numpy(np.ascontiguousarray(x))).numpy()
+_aten = torch.ops.aten
 
 
-def _sigmoid(x):
-    return (1.0 / (1.0 + np.exp(-x))).astype(_F32, copy=False)
+def _ones(x: torch.Tensor) -> torch.Tensor:
+    return torch.ones((), dtype=torch.float32).expand(x.shape)
 
 
-def _gelu(x):
-    return (0.5 * x * (1.0 + _erf(x * _F32(0.7071067811865476)))).astype(_F32, copy=False)
+# Activations torch evaluates in one vectorised kernel (eager PyTorch's own formulas): name -> bind(x, out), giving a
+# function that computes the activation of the fp32 tensor x into out (x may be out). A derivative is the backward
+# kernel with a gradient of ones.
+TORCH_ACTIVATIONS = {
+    "sigmoid": lambda x, o: functools.partial(torch.sigmoid, x, out=o),
+    "silu": lambda x, o: functools.partial(_aten.silu.out, x, out=o),
+    "silu_dx": lambda x, o: functools.partial(_aten.silu_backward.grad_input, _ones(x), x, grad_input=o),
+    "gelu": lambda x, o: functools.partial(_aten.gelu.out, x, out=o),
+    "gelu_dx": lambda x, o: functools.partial(_aten.gelu_backward.grad_input, _ones(x), x, grad_input=o),
+    "softplus": lambda x, o: functools.partial(_aten.softplus.out, x, 1, 20, out=o),  # = x above 20, in fp32 too
+    "mish": lambda x, o: functools.partial(_aten.mish.out, x, out=o),
+    "erf": lambda x, o: functools.partial(torch.erf, x, out=o),
+    "rsqrt": lambda x, o: functools.partial(torch.rsqrt, x, out=o),  # 1 / sqrt(x), rounded as NumPy's
+    "reciprocal": lambda x, o: functools.partial(torch.reciprocal, x, out=o),
+}
 
 
-def _gelu_dx(x):
-    pdf = np.exp(-0.5 * x * x) * _F32(0.3989422804014327)
-    return (0.5 * (1.0 + _erf(x * _F32(0.7071067811865476))) + x * pdf).astype(_F32, copy=False)
+def _by_torch(name: str):
+    """ACTIVATIONS' function for a TORCH_ACTIVATIONS kernel: fp32 values in, a new fp32 array out."""
+    bind = TORCH_ACTIVATIONS[name]
+
+    def fn(x):
+        x = np.require(x, _F32, ("C", "W"))
+        out = np.empty_like(x)
+        bind(torch.from_numpy(x), torch.from_numpy(out))()
+        return out
+
+    return fn
+
+
+_erf, _sigmoid = _by_torch("erf"), _by_torch("sigmoid")
 
 
 def _gelu_tanh(x):
@@ -187,15 +287,6 @@ def _gelu_sigmoid_dx(x):
     return (s + _F32(1.702) * x * s * (1.0 - s)).astype(_F32, copy=False)
 
 
-def _silu_dx(x):
-    s = _sigmoid(x)
-    return (s * (1.0 + x * (1.0 - s))).astype(_F32, copy=False)
-
-
-def _softplus(x):
-    return np.logaddexp(_F32(0), x).astype(_F32, copy=False)
-
-
 ACTIVATIONS: dict[str, object] = {
     "copy": lambda x: x,
     "identity": lambda x: x,
@@ -203,23 +294,23 @@ ACTIVATIONS: dict[str, object] = {
     "sigmoid": _sigmoid,
     "relu": lambda x: np.maximum(x, _F32(0)),
     "prelu": lambda x: np.maximum(x, _F32(0)),  # slope 0 unless nisa.activate2 passes relu_param
-    "gelu": _gelu,
-    "gelu_dx": _gelu_dx,
+    "gelu": _by_torch("gelu"),
+    "gelu_dx": _by_torch("gelu_dx"),
     "gelu_apprx_tanh": _gelu_tanh,
     "gelu_apprx_sigmoid": lambda x: x * _sigmoid(_F32(1.702) * x),
     "gelu_apprx_sigmoid_dx": _gelu_sigmoid_dx,
-    "silu": lambda x: x * _sigmoid(x),
-    "silu_dx": _silu_dx,
+    "silu": _by_torch("silu"),
+    "silu_dx": _by_torch("silu_dx"),
     "tanh": np.tanh,
-    "softplus": _softplus,
-    "mish": lambda x: x * np.tanh(_softplus(x)),
+    "softplus": _by_torch("softplus"),
+    "mish": _by_torch("mish"),
     "erf": _erf,
     "erf_dx": lambda x: (_F32(1.1283791670955126) * np.exp(-x * x)).astype(_F32, copy=False),
     "exp": np.exp,
     "log": np.log,
     "sqrt": np.sqrt,
-    "rsqrt": lambda x: (_F32(1) / np.sqrt(x)).astype(_F32, copy=False),
-    "reciprocal": lambda x: (_F32(1) / x).astype(_F32, copy=False),
+    "rsqrt": _by_torch("rsqrt"),
+    "reciprocal": _by_torch("reciprocal"),
     "sin": np.sin,  # ScalarE does no range reduction; inputs outside [-pi, pi] are invalid on hardware
     "cos": np.cos,
     "tan": np.tan,

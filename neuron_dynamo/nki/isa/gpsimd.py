@@ -8,6 +8,7 @@ import numpy as np
 
 from neuron_dynamo.nki import dtypes
 from neuron_dynamo.nki.context import current
+from neuron_dynamo.nki.isa.bound import fill_step
 from neuron_dynamo.nki.isa.operands import (
     _bits,
     _f32,
@@ -53,9 +54,9 @@ def iota(dst, pattern, offset=0, channel_multiplier=0, name=None):
         _fail("gpsimd-psum", f"{op}: dst must be in SBUF (GpSimd cannot access PSUM)")
     values = _affine_values(op, dst, pattern, offset, channel_multiplier)
     values = values if dtypes.is_int(dst._dt) else values.astype(np.float32)
-    _step(ctx, lambda: dst._write(values))
-    _touch(ctx, (dst,))
     p, f = _pf(dst)
+    _step(ctx, fill_step(dst, values, p, f), writes=(dst,))
+    _touch(ctx, (dst,))
     _record(ctx, op, "gpsimd", p, f, (), dst)
 
 

@@ -235,7 +235,12 @@ def _out2d(t: NkiTensor, p: int, f: int) -> np.ndarray | None:
 def _view_2d(a: np.ndarray, p: int, f: int) -> np.ndarray | None:
     """`a` as [p, f] sharing its memory, or None when NumPy can only reshape it by copying (a copy bound at record
     time would go stale)."""
-    v = a.reshape(p, f)
+    return _view_as(a, (p, f))
+
+
+def _view_as(a: np.ndarray, shape) -> np.ndarray | None:
+    """`a` in `shape` sharing its memory, or None (see `_view_2d`)."""
+    v = a.reshape(shape)
     return v if np.may_share_memory(v, a) else None
 
 
@@ -297,6 +302,13 @@ def _scalar_reader(op: str, what: str, x, p: int):
         _fail("operand", f"{op}: {what} must be a number or a [P, 1] tile, got {type(x).__name__}")
     value = np.float32(x)
     return (lambda: value), None
+
+
+def _bound(read):
+    """What the reader `read` gives, bound now when every call gives the same object (a constant, an fp32 tile's
+    view), else `read` itself."""
+    value = read()
+    return value if read() is value else read
 
 
 def _scalar_operand(op: str, what: str, x, p: int):

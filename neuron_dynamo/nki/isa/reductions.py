@@ -28,9 +28,10 @@ from neuron_dynamo.nki.isa.operands import (
     _touch,
     _two_inputs,
     _vector_regs,
+    _view_as,
     _writer,
 )
-from neuron_dynamo.nki.ops import resolve_alu
+from neuron_dynamo.nki.ops import resolve_alu, torch_viewable
 from neuron_dynamo.nki.tensor import NkiTensor
 
 
@@ -59,12 +60,12 @@ def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=None):
     if _pf(dst) != (p, kept):
         _fail("shape-mismatch", f"{iname}: reducing axes {axes} of {data.shape} leaves {kept} elements per "
               f"partition, dst {dst.shape} has {_pf(dst)[1]}")
-    extreme = _torch_extreme(alu.name, data, dst, axes, negate, p, kept)
+    fast = _torch_extreme(alu.name, data, dst, axes, negate, p, kept) or _sum_into(alu.name, data, dst, axes, negate)
     if alu.kind == "bitvec":
         _need_int(iname, alu, data, dst)
         _step(ctx, lambda: dst._write(_from_bits(alu.reduce(_bits(data._a, data._dt), axes), dst._dt)))
-    elif extreme is not None:
-        _step(ctx, extreme, writes=(dst,))
+    elif fast is not None:
+        _step(ctx, fast, writes=(dst,))
     elif negate:
         _step(ctx, lambda: dst._write(-alu.reduce(dtypes.as_f32(data._a), axes)))
     else:
@@ -78,14 +79,42 @@ _EXTREMES = {"maximum": torch.amax, "minimum": torch.amin}
 
 def _torch_extreme(name: str, data: NkiTensor, dst: NkiTensor, axes: tuple, negate: bool, p: int, kept: int):
     """The step of a max/min reduction of an fp32 view by torch (the same values as NumPy's, NaN propagating alike,
-    several times faster along short rows), or None for other operators and views torch cannot share."""
+    several times faster along short rows), straight into an fp32 dst where torch can view it; None for other
+    operators and views torch cannot share."""
     reduce, a = _EXTREMES.get(name), data._a
     if reduce is None or a.dtype != np.float32 or not a.flags.writeable or min(a.strides, default=0) < 0:
         return None
-    source, store = torch.from_numpy(a), _writer(dst, p, kept)
+    source, out = torch.from_numpy(a), _view_as(dst._a, a.shape[: axes[0]]) if dst._dt == "float32" else None
+    if out is not None and torch_viewable(out):
+        target, s = torch.from_numpy(out), dst._s
+
+        def into():
+            s.f32_cache = None
+            reduce(source, axes, out=target)
+            if negate:
+                torch.neg(target, out=target)
+        return into
+    store = _writer(dst, p, kept)
     if negate:
         return lambda: store(torch.neg(reduce(source, axes)).numpy())
     return lambda: store(reduce(source, axes).numpy())
+
+
+def _sum_into(name: str, data: NkiTensor, dst: NkiTensor, axes: tuple, negate: bool):
+    """The step of an add-reduction of an fp32 view straight into an fp32 dst (`out=`, the same NumPy reduction
+    without the temporary and the checked store), or None for other operators and views."""
+    a = data._a
+    out = _view_as(dst._a, a.shape[: axes[0]]) if name == "add" and dst._dt == "float32" else None
+    if out is None or a.dtype != np.float32 or data._dt != "float32" or not out.flags.writeable:
+        return None
+    s = dst._s
+
+    def run():
+        s.f32_cache = None
+        np.add.reduce(a, axis=axes, out=out)
+        if negate:
+            np.negative(out, out=out)
+    return run
 
 
 def tensor_tensor_scan(dst, data0, data1, initial, op0, op1, reverse0=False, reverse1=False, name=None):

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
+import torch
 
 from neuron_dynamo.nki.context import current
 from neuron_dynamo.nki.errors import kernel_site
 from neuron_dynamo.nki.isa.enums import _ReduceCmd, reduce_cmd
 from neuron_dynamo.nki.isa.operands import (
     _apply,
+    _bound,
     _f32,
     _f32_reader,
     _fail,
@@ -21,10 +25,19 @@ from neuron_dynamo.nki.isa.operands import (
     _scalar_reader,
     _step,
     _touch,
+    _view_2d,
     _writer,
     log,
 )
-from neuron_dynamo.nki.ops import resolve_activation, resolve_alu
+from neuron_dynamo.nki.ops import (
+    ALU,
+    TORCH_ACTIVATIONS,
+    alu_into,
+    partial_overlap,
+    resolve_activation,
+    resolve_alu,
+    torch_viewable,
+)
 
 
 def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=None, reduce_cmd=reduce_cmd.idle,
@@ -66,41 +79,25 @@ def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=N
         touched.append(reduce_res)
     regs = ctx.scalar_reduce_regs
     cmd = reduce_cmd.name
-    warn_range = [act_name in _ACTIVATION_RANGES]  # the range warning belongs to the first run, not to replays
-
-    read = _f32_reader(data, p, f)
-    compute = _activation_in_place(fn, act_name, dst, p, f, read, read_scale if scaled else None, read_bias,
-                                   [t for t in (sc_t, b_t) if t is not None])
-    if compute is None:
-        apply = _activation_into(fn, dst, p, f)  # computes the function and stores it in dst
-
-        def compute(check):
-            x = read()
-            if scaled:
-                x = x * read_scale()
-            if read_bias is not None:
-                x = x + read_bias()
-            check(x)
-            return apply(x)
-
+    compute, values = _activation_step(ctx, act_name, fn, dst, data, p, f, read_scale if scaled else None,
+                                       read_bias, [t for t in (sc_t, b_t) if t is not None])
     reset, accumulate = cmd in ("reset", "reset_reduce"), cmd in ("reduce", "reset_reduce", "load_reduce")
+    add_sums = _row_sums_into(regs[:p], values) if accumulate else None
     store_res = None if reduce_res is None else _writer(reduce_res, p, 1)
 
-    def check_range(x):
-        if warn_range[0]:
-            warn_range[0] = False
-            _check_activation_range(ctx, act_name, x)
-
-    def run():
-        out = compute(check_range)
+    def run(check=None):
+        out = compute(check)
         if reset:
             regs[:p] = 0.0
-        if accumulate:
-            regs[:p] += out.sum(axis=1, dtype=np.float32)
+        if add_sums is not None:
+            add_sums(out)
         if store_res is not None:
             store_res(regs[:p].copy())
 
-    _step(ctx, run, writes=(dst,) if reduce_res is None else (dst, reduce_res))
+    def first_run():  # the range warning belongs to the full run, not to replays
+        run(functools.partial(_check_activation_range, ctx, act_name) if act_name in _ACTIVATION_RANGES else None)
+
+    _step(ctx, first_run, run, writes=(dst,) if reduce_res is None else (dst, reduce_res))
     _touch(ctx, touched)
     _record(ctx, iname, "scalar", p, f, tuple(ins), dst, act=act_name, reduce=reducing)
 
@@ -108,52 +105,104 @@ def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=N
 _IDENTITY_ACTIVATIONS = frozenset(("copy", "identity"))
 
 
-def _activation_in_place(fn, act_name: str, dst, p: int, f: int, read, read_scale, read_bias, tiles):
-    """The activation computed stage by stage in an fp32 dst (`out=`: the same fp32 arithmetic as on temporaries,
-    without allocating them), as `compute(check) -> dst values` where `check` sees the function's input; None when
-    dst is not an fp32 view, the function no ufunc, or a scale/bias tile lives in dst's storage (a stage would
-    overwrite it before it is read)."""
+def _activation_step(ctx, act_name: str, fn, dst, data, p: int, f: int, read_scale, read_bias, tiles):
+    """The activation `fn(data * scale + bias)` bound to its operands: (`compute(check) -> fp32 [p, f] values`,
+    which also stores them in dst, and those values' array when every call gives the same one, else None); `check`,
+    if given, sees the function's input.
+
+    The stages compute in fp32 in a C-contiguous fp32 dst (`out=`), else in a per-launch scratch buffer copied (and
+    cast) into dst at the end: no temporaries, and a scale/bias tile or data view overlapping dst is read before
+    dst is written. The function is one torch kernel where torch has one (`ops.TORCH_ACTIVATIONS`), NumPy's ufunc
+    with `out=`, else NumPy on a temporary.
+    """
     out = _out2d(dst, p, f)
-    identity = act_name in _IDENTITY_ACTIVATIONS
-    if out is None or not (identity or isinstance(fn, np.ufunc)) or any(t._s is dst._s for t in tiles):
-        return None
+    src = _view_2d(data._a, p, f) if torch_viewable(data._a) else None
+    if act_name in _IDENTITY_ACTIVATIONS and read_scale is None and read_bias is None:
+        return _copy_step(dst, data, src, p, f)
+    direct = out is not None and out.flags.c_contiguous and not any(
+        np.may_share_memory(t._a, out) for t in tiles) and not (
+        partial_overlap(src, out) if src is not None else np.may_share_memory(data._a, out))
+    target = out if direct else _scratch(ctx, p, f)
+    before = []
+    x = src
+    if x is None:
+        read = _f32_reader(data, p, f)
+        before.append(lambda: np.copyto(target, read()))
+        x = target
+    for alu, read_operand in ((ALU["multiply"], read_scale), (ALU["add"], read_bias)):
+        if read_operand is not None:
+            before.append(alu_into(alu, x, _bound(read_operand), target))
+            x = target
+    after = []
+    if act_name in _IDENTITY_ACTIVATIONS:
+        pass  # the stages computed it
+    elif act_name in TORCH_ACTIVATIONS:
+        after.append(TORCH_ACTIVATIONS[act_name](torch.from_numpy(x), torch.from_numpy(target)))
+    elif isinstance(fn, np.ufunc):
+        after.append(functools.partial(fn, x, out=target))
+    else:
+        after.append(lambda: np.copyto(target, fn(x)))
+    if target is not out:
+        after.append(functools.partial(out.__setitem__, Ellipsis, target) if out is not None
+                     else functools.partial(_writer(dst, p, f), target))
     s = dst._s
 
     def compute(check):
-        x = read()
         s.f32_cache = None
-        if read_scale is not None:
-            x = np.multiply(x, read_scale(), out=out)
-        if read_bias is not None:
-            x = np.add(x, read_bias(), out=out)
-        check(x)
-        if not identity:
-            return fn(x, out=out)
-        if x is not out:
-            out[...] = x
-        return out
+        for step in before:
+            step()
+        if check is not None:
+            check(x)
+        for step in after:
+            step()
+        return target
 
-    return compute
+    return compute, target
 
 
-def _activation_into(fn, dst, p: int, f: int):
-    """A function `x -> fn(x)` that also stores the result in dst: a NumPy ufunc computes straight into an fp32 dst
-    (`out=`; the values are the same, and a reduction reads them from dst), anything else through `_writer`."""
+def _copy_step(dst, data, src, p: int, f: int):
+    """`_activation_step` of copy/identity without scale or bias: the store (with its cast) of data's values."""
     out = _out2d(dst, p, f)
-    if out is not None and isinstance(fn, np.ufunc):
+    if src is not None and out is not None:
         s = dst._s
 
-        def apply(x):
+        def copy(check):
             s.f32_cache = None
-            return fn(x, out=out)
-        return apply
+            out[...] = src
+            return src
+
+        return copy, src
+    read = _f32_reader(data, p, f) if src is None else (lambda: src)
     store = _writer(dst, p, f)
 
-    def apply(x):
-        y = fn(x)
-        store(y)
-        return y
-    return apply
+    def compute(check):
+        x = read()
+        store(x)
+        return x
+
+    return compute, src
+
+
+def _row_sums_into(regs: np.ndarray, values: np.ndarray | None):
+    """A function adding the free-axis sums of the fp32 [p, f] values an activation computed to the registers, in
+    fp32 (by torch, bound to `values` when they are always the same array, in its vectorised order)."""
+    if values is None or not torch_viewable(values):
+        return lambda out: np.add(regs, out.sum(axis=1, dtype=np.float32), out=regs)
+    source, sums, acc = torch.from_numpy(values), torch.empty(regs.shape, dtype=torch.float32), torch.from_numpy(regs)
+
+    def add(out):
+        torch.sum(source, dim=1, out=sums)
+        acc.add_(sums)
+    return add
+
+
+def _scratch(ctx, p: int, f: int) -> np.ndarray:
+    """An fp32 [p, f] buffer the launch's activations compute in (one per shape: steps run one at a time)."""
+    key = ("activation", p, f)
+    buf = ctx.launch.scratch.get(key)
+    if buf is None:
+        buf = ctx.launch.scratch[key] = np.empty((p, f), np.float32)
+    return buf
 
 
 # ScalarE evaluates these functions with piecewise polynomials that are only valid on these input ranges

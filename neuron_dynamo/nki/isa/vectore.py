@@ -6,6 +6,18 @@ import numpy as np
 
 from neuron_dynamo.nki import dtypes
 from neuron_dynamo.nki.context import current
+from neuron_dynamo.nki.isa.bound import (
+    _bitvec_step,
+    _constant,
+    _copy,
+    _elementwise,
+    _predicated_copy,
+    _reader,
+    _stages,
+    _store,
+    _views,
+    fill_step,
+)
 from neuron_dynamo.nki.isa.enums import _ReduceCmd, engine, reduce_cmd
 from neuron_dynamo.nki.isa.operands import (
     _apply,
@@ -13,13 +25,11 @@ from neuron_dynamo.nki.isa.operands import (
     _dynamic,
     _engine_name,
     _f32,
-    _f32_reader,
     _fail,
     _from_bits,
     _need_int,
     _no_gpsimd_psum,
     _onchip,
-    _out2d,
     _pf,
     _record,
     _rows,
@@ -30,10 +40,9 @@ from neuron_dynamo.nki.isa.operands import (
     _touch,
     _two_inputs,
     _vector_regs,
-    _view_2d,
     _writer,
 )
-from neuron_dynamo.nki.ops import out_ufunc, resolve_alu
+from neuron_dynamo.nki.ops import ALU, resolve_alu
 from neuron_dynamo.nki.tensor import NkiTensor
 
 
@@ -48,12 +57,12 @@ def tensor_copy(dst, src, engine=engine.unknown, name=None):
     _no_gpsimd_psum(op, eng, src, dst)
     if eng == "scalar" and ctx.limits.nc_version == 2:
         _fail("engine", f"{op}: NC-v2 (trn1) ScalarE cannot run tensor_copy; use activation(op=nl.copy)")
-    store = _writer(dst, p, f)
-    rows = _view_2d(src._a, p, f) if src._dt == dst._dt else None
-    if rows is not None:
-        _step(ctx, lambda: store(rows), writes=(dst,))
+    views = _views((dst, src), p, f) if src._dt == dst._dt != "tfloat32" else None
+    if views is not None and views[0].flags.writeable:
+        _step(ctx, _copy(dst._s, *views), writes=(dst,))
     else:
-        read = _f32_reader(src, p, f) if src._dt != dst._dt else (lambda: _rows(src, p, f))
+        store = _store(dst, p, f) if src._dt != dst._dt else _writer(dst, p, f)
+        read = _reader(src, p, f) if src._dt != dst._dt else (lambda: _rows(src, p, f))
         _step(ctx, lambda: store(read()), writes=(dst,))
     _touch(ctx, (src, dst))
     _record(ctx, op, eng, p, f, (src,), dst, dynamic_address=False)
@@ -87,8 +96,7 @@ def memset(dst, value, engine=engine.unknown, name=None):
         _fail("memset-value", f"{op}: value {value!r} is a float but dst is {dst._dt}; pass an integer value")
     p, f = _pf(dst)
     fill = np.full((p, f), value, dtype=np.int64 if dtypes.is_int(dst._dt) else np.float32)
-    store = _writer(dst, p, f)
-    _step(ctx, lambda: store(fill), writes=(dst,))
+    _step(ctx, fill_step(dst, fill, p, f), writes=(dst,))
     _touch(ctx, (dst,))
     _record(ctx, op, eng, p, f, (), dst, value=float(value))
 
@@ -108,11 +116,14 @@ def tensor_tensor(dst, data1, data2, op, engine=engine.unknown, name=None):
     _no_gpsimd_psum(iname, eng, data1, data2, dst)
     if alu.kind == "bitvec":
         _need_int(iname, alu, data1, data2, dst)
-        _step(ctx, lambda: dst._write(_from_bits(
-            alu.fn(_bits(_rows(data1, p, f), data1._dt), _bits(_rows(data2, p, f), data2._dt)), dst._dt)))
+        fast = _bitvec_step(alu, data1, data2, False, dst, p, f)
+        if fast is not None:
+            _step(ctx, fast, writes=(dst,))
+        else:
+            _step(ctx, lambda: dst._write(_from_bits(
+                alu.fn(_bits(_rows(data1, p, f), data1._dt), _bits(_rows(data2, p, f), data2._dt)), dst._dt)))
     else:
-        _step(ctx, _elementwise(alu.fn, (_f32_reader(data1, p, f), _f32_reader(data2, p, f)), dst, p, f),
-              writes=(dst,))
+        _step(ctx, _elementwise(alu, data1, data2, dst, p, f), writes=(dst,))
     _touch(ctx, (data1, data2, dst))
     _record(ctx, iname, eng, p, f, (data1, data2), dst, alu_op=alu.name)
 
@@ -140,6 +151,7 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
                   f"{combo}")
     ins = [data]
     stages = []  # (operator, operand reader, reverse)
+    fast = None
     if a0.kind == "bitvec":
         if eng != "vector":
             _fail("engine", f"{iname}: bit-vector operators run on the vector engine only")
@@ -155,6 +167,8 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
                 stages.append((alu, _constant(np.int64(operand)), rev))
             else:
                 _fail("operand", f"{iname}: bit-vector operands must be integers or integer [P, 1] tiles")
+        if a1 is None and not isinstance(operand0, NkiTensor):
+            fast = _bitvec_step(a0, data, int(operand0), reverse0, dst, p, f)
 
         def run():
             x = _bits(_rows(data, p, f), data._dt)
@@ -170,68 +184,10 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
             if tile is not None:
                 ins.append(tile)
 
-        run = _stages(_f32_reader(data, p, f), stages, dst, p, f)
-    _step(ctx, run, writes=() if a0.kind == "bitvec" else (dst,))
+        run = _stages(data, stages, dst, p, f)
+    _step(ctx, fast or run, writes=() if a0.kind == "bitvec" and fast is None else (dst,))
     _touch(ctx, (*ins, dst))
     _record(ctx, iname, eng, p, f, tuple(ins), dst, alu_op=a0.name, alu_op1=a1.name if a1 else None)
-
-
-def _elementwise(fn, readers, dst: NkiTensor, p: int, f: int):
-    """The step `dst = fn(*inputs)` in fp32: a NumPy ufunc computes straight into an fp32 dst (`out=`, the same
-    element-wise arithmetic without the temporary and its copy); anything else stores through `_writer`."""
-    out, ufunc = _out2d(dst, p, f), out_ufunc(fn)
-    if out is not None and ufunc is not None:
-        s = dst._s
-        read1, read2 = readers
-
-        def run():
-            s.f32_cache = None
-            ufunc(read1(), read2(), out=out)
-        return run
-    store, (read1, read2) = _writer(dst, p, f), readers
-    return lambda: store(fn(read1(), read2()))
-
-
-def _stages(read, stages, dst: NkiTensor, p: int, f: int):
-    """The step `dst = ((x op0 v0) op1 v1)` of tensor_scalar: with ufunc operators and an fp32 dst, each stage
-    computes in place in dst (`out=`); a lone comparison writes its 0/1 straight into an integer dst (the values
-    the fp32 1.0/0.0 convert to); else stage by stage into temporaries, then one store."""
-    out = _out2d(dst, p, f)
-    compare = getattr(stages[0][0].fn, "into", None) if len(stages) == 1 else None
-    ints = _view_2d(dst._a, p, f) if compare is not None and dst._a.dtype.kind in "iu" else None
-    if ints is not None and ints.flags.writeable:
-        s, (_, operand, rev) = dst._s, stages[0]
-
-        def run():
-            s.f32_cache = None
-            x = read()
-            if rev:
-                compare(operand(), x, out=ints)
-            else:
-                compare(x, operand(), out=ints)
-        return run
-    if out is not None and all(out_ufunc(alu.fn) is not None for alu, _, _ in stages):
-        s = dst._s
-        plan = tuple((out_ufunc(alu.fn), operand, rev) for alu, operand, rev in stages)
-
-        def run():
-            s.f32_cache = None
-            x = read()
-            for fn, operand, rev in plan:
-                if rev:
-                    fn(operand(), x, out=out)
-                else:
-                    fn(x, operand(), out=out)
-                x = out
-        return run
-    store = _writer(dst, p, f)
-
-    def run():
-        x = read()
-        for alu, operand, rev in stages:
-            x = _apply(alu, x, operand(), rev)
-        store(x)
-    return run
 
 
 def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False, reverse1=False, name=None):
@@ -243,13 +199,7 @@ def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False
     if a0.kind != "arith" or a1.kind != "arith":
         _fail("alu-kind", f"{iname}: op0 and op1 must be arithmetic operators")
     read0, t0 = _scalar_reader(iname, "operand0", operand0, p)
-    read1 = _f32_reader(operand1, p, f)
-    if all(t._s is not dst._s for t in (t0, operand1) if t is not None):  # stage 1 in dst clobbers no operand
-        run = _stages(_f32_reader(data, p, f), ((a0, read0, reverse0), (a1, read1, reverse1)), dst, p, f)
-        _step(ctx, run, writes=(dst,))
-    else:
-        _step(ctx, lambda: dst._write(_apply(a1, _apply(a0, _f32(data, p, f), read0(), reverse0), read1(),
-                                             reverse1)))
+    _step(ctx, _stages(data, ((a0, read0, reverse0), (a1, operand1, reverse1)), dst, p, f), writes=(dst,))
     ins = (data, operand1) if t0 is None else (data, t0, operand1)
     _touch(ctx, (*ins, dst))
     _record(ctx, iname, "vector", p, f, ins, dst, alu_op=a1.name)
@@ -262,8 +212,7 @@ def reciprocal(dst, data, name=None):
     dst = _onchip(op, "dst", dst)
     data = _onchip(op, "data", data)
     p, f = _same_layout(op, ("data", "dst"), data, dst)
-    one = np.float32(1.0)
-    _step(ctx, _elementwise(np.divide, (lambda: one, _f32_reader(data, p, f)), dst, p, f), writes=(dst,))
+    _step(ctx, _elementwise(ALU["divide"], np.float32(1.0), data, dst, p, f), writes=(dst,))
     _touch(ctx, (data, dst))
     _record(ctx, op, "vector", p, f, (data,), dst)
 
@@ -312,7 +261,7 @@ def tensor_copy_predicated(dst, src, predicate, reverse_pred=False, name=None):
         mask = _rows(predicate, p, f) != 0
         dst._write(np.asarray(values).reshape(p, f), ~mask if reverse_pred else mask)
 
-    _step(ctx, run)
+    _step(ctx, run, _predicated_copy(dst, src if read() is None else read(), predicate, reverse_pred, p, f))
     _touch(ctx, (*ins, dst))
     _record(ctx, op, "vector", p, f, tuple(ins), dst)
 
@@ -341,10 +290,6 @@ def exponential(dst, src, max_value=0.0, reduce_res=None, reduce_cmd=reduce_cmd.
         touched.append(reduce_res)
     _touch(ctx, touched)
     _record(ctx, iname, "vector", p, f, (src,), dst)
-
-
-def _constant(value):
-    return lambda: value
 
 
 def _bits_reader(operand: NkiTensor, p: int):
