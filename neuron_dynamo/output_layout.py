@@ -77,11 +77,11 @@ class EagerLayout:
         self._placeholders = [node.meta.get("val") for node in gm.graph.nodes if node.op == "placeholder"]
         self._grouped = frozenset(layout.position for group in self.groups for layout in group)
         self._symbolic = any(layout.symbolic for group in self.groups for layout in group)
-        self._overlaps: dict[tuple, list[list[tuple]]] = {}
+        self._overlaps: dict[tuple, tuple[list[_Shared], list[int]]] = {}
         self._boxed_call = True
 
     def __call__(self, args: list[Any]) -> Any:
-        overlaps = self._overlaps_at(args) if self.groups else ()
+        shares, alone = self._overlaps_at(args) if self.groups else ((), ())
         inputs = {arg.untyped_storage()._cdata for arg in args if isinstance(arg, torch.Tensor)}
         results = self.compiled(args)
         if not isinstance(results, (list, tuple)):
@@ -96,24 +96,25 @@ class EagerLayout:
             out = outputs[position]
             if out._base is not None or shared[storage] > 1:
                 outputs[position] = out.clone(memory_format=torch.contiguous_format)
-        for overlapping in overlaps:
-            if len(overlapping) > 1:
-                _share(outputs, overlapping)
-            elif outputs[overlapping[0][0]]._base is not None:  # a view of some buffer: a tensor of its own
-                position = overlapping[0][0]
+        for shared_set in shares:
+            _share(outputs, shared_set)
+        for position in alone:
+            if outputs[position]._base is not None:  # a view of some buffer: a tensor of its own
                 outputs[position] = outputs[position].clone(memory_format=torch.contiguous_format)
         return type(results)(outputs) if isinstance(results, tuple) else outputs
 
-    def _overlaps_at(self, args: Sequence[Any]) -> list[list[tuple]]:
-        """The grouped outputs split into sets that overlap in memory at this call's sizes (owners first)."""
+    def _overlaps_at(self, args: Sequence[Any]) -> tuple[list[_Shared], list[int]]:
+        """The grouped outputs split into sets that overlap in memory at this call's sizes (owners first), and the
+        positions of those that overlap no other."""
         sizes = _symbol_values(self._placeholders, args) if self._symbolic else {}
         key = tuple(sizes.items())
         overlaps = self._overlaps.get(key)
         if overlaps is None:
-            overlaps = self._overlaps[key] = [
-                overlapping for group in self.groups
-                for overlapping in _overlapping([(layout.position, *layout.at(sizes))
-                                                 for layout in sorted(group, key=lambda layout: layout.view)])]
+            sets = [overlapping for group in self.groups
+                    for overlapping in _overlapping([(layout.position, *layout.at(sizes))
+                                                     for layout in sorted(group, key=lambda layout: layout.view)])]
+            overlaps = self._overlaps[key] = ([_shared(layouts) for layouts in sets if len(layouts) > 1],
+                                              [layouts[0][0] for layouts in sets if len(layouts) == 1])
         return overlaps
 
 
@@ -149,21 +150,37 @@ def _overlapping(layouts: list[tuple[int, list[int], list[int], int]]) -> list[l
     return groups
 
 
-def _share(outputs: list[Any], layouts: list[tuple[int, list[int], list[int], int]]) -> None:
-    """Lay out one group of outputs that share a storage in eager in one storage here too: views of the output
-    that spans the group (a base returned with its views; the first such in `layouts`), else of a buffer of their
-    own."""
+@dataclasses.dataclass(frozen=True)
+class _Shared:
+    """One set of outputs that overlap in memory in eager, at one set of sizes: their layouts (position, size,
+    stride, offset; owners first), the storage extent they cover, and the first that spans it alone (a base
+    returned with its views), if one does."""
+
+    layouts: list[tuple[int, list[int], list[int], int]]
+    low: int
+    high: int
+    spanning: tuple[int, list[int], list[int]] | None
+
+
+def _shared(layouts: list[tuple[int, list[int], list[int], int]]) -> _Shared:
+    low = min(offset for *_, offset in layouts)
+    high = max(_end(size, stride, offset) for _, size, stride, offset in layouts)
+    spanning = next(((p, size, stride) for p, size, stride, offset in layouts
+                     if offset == low and _end(size, stride, offset) == high and _numel(size) == high - low), None)
+    return _Shared(layouts, low, high, spanning)
+
+
+def _share(outputs: list[Any], shared: _Shared) -> None:
+    """Lay out one set of outputs that share a storage in eager in one storage here too: views of the output
+    that spans the set, else of a buffer of their own."""
+    layouts, low = shared.layouts, shared.low
     if len({outputs[p].dtype for p, *_ in layouts}) > 1:  # a view as another dtype: no shared layout to rebuild
         for position, *_ in layouts:
             outputs[position] = outputs[position].clone(memory_format=torch.contiguous_format)
         return
-    low = min(offset for *_, offset in layouts)
-    high = max(_end(size, stride, offset) for _, size, stride, offset in layouts)
-    spanning = [(p, size, stride) for p, size, stride, offset in layouts
-                if offset == low and _end(size, stride, offset) == high and _numel(size) == high - low]
     first = outputs[layouts[0][0]]
-    if spanning:
-        root, size, stride = spanning[0]
+    if shared.spanning is not None:
+        root, size, stride = shared.spanning
         if _laid_out(outputs, layouts, root, low):
             return
         base = torch.empty_strided(size, stride, dtype=first.dtype, device=first.device).copy_(outputs[root])
@@ -171,7 +188,7 @@ def _share(outputs: list[Any], layouts: list[tuple[int, list[int], list[int], in
             same = (size_p, stride_p, offset) == (size, stride, low)
             outputs[position] = base if same else base.as_strided(size_p, stride_p, offset - low)
         return
-    buffer = torch.empty(high - low, dtype=first.dtype, device=first.device)
+    buffer = torch.empty(shared.high - low, dtype=first.dtype, device=first.device)
     for position, size, stride, offset in layouts:
         outputs[position] = buffer.as_strided(size, stride, offset - low).copy_(outputs[position])
 

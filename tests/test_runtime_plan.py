@@ -96,3 +96,23 @@ def test_outputs_that_are_views_come_back_as_tensors_of_their_own():
         head.mul_(2)  # an autograd Function output that is a view would refuse this
         (head.sum() + total).backward()
     assert neuron_dynamo.stats().get("graphs_failed", 0) == 0
+
+
+def _transposes(lowered):
+    return sum(getattr(node.target, "op", None) is aten.t.default for node in lowered.graph.nodes)
+
+
+def test_a_transpose_of_a_transpose_is_its_source_unless_that_would_return_it_twice():
+    """AOTAutograd's weight gradients are t(t(mm)): the product itself is handed back (no view to make, none to
+    copy), with eager's values and strides; an input, or a tensor returned anyway, keeps its views."""
+    x, w = torch.randn(6, 4), torch.randn(4, 5)
+    cases = [(lambda x, w: torch.mm(x, w).t().t(), 0), (lambda x, w: torch.mm(x, w).t().t().t().t() + 1, 0),
+             (lambda x, w: x.t().t(), 2), (lambda x, w: (lambda g: (g, g.t().t()))(torch.mm(x, w)), 2)]
+    for fn, kept in cases:
+        lowered = lower_region(make_fx(fn)(x, w), "simulator")
+        assert _transposes(lowered) == kept
+        ours, theirs = lowered(x, w), fn(x, w)
+        for got, expected in zip(ours if isinstance(ours, tuple) else [ours],
+                                 theirs if isinstance(theirs, tuple) else [theirs], strict=True):
+            torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+            assert got.stride() == expected.stride()

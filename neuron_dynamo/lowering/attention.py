@@ -126,8 +126,10 @@ def attend(q, k, v, is_causal, mask, scale, lse_len=None, exact=None):
     else:
         out, lse = launch(attention_kernel, packing.queries(q), packing.keys(k), packing.keys(v),
                           packing.mask(mask, is_causal, q.dtype), False, scale)
-        out, lse = packing.unpack_queries(out), packing.unpack_queries(lse)[:, :, :lse_len]
-        if lse_len > sq:  # the layout's padding rows (read by nobody)
+        out, lse = packing.unpack_queries(out), packing.unpack_queries(lse)
+        if lse_len < sq:
+            lse = lse[:, :, :lse_len]
+        elif lse_len > sq:  # the layout's padding rows (read by nobody)
             lse = F.pad(lse, (0, lse_len - sq))
     if mask is None:
         return out, lse

@@ -43,20 +43,30 @@ class Packing:
     def units(self) -> int:
         return self.batch * self.heads // self.stacked
 
+    @property
+    def full_tiles(self) -> bool:
+        """Whether the units fill the tiles exactly (no padded unit), each tile's 128 query rows included."""
+        return self.units == self.tiles * self.per_tile and self.per_tile * self.unit_rows == TILE
+
     def queries(self, x: torch.Tensor) -> torch.Tensor:
         """[B, Hq, Sq, ...] (queries, outputs, their gradients, lse) → [tiles, 1, 128, ...]."""
+        if self.full_tiles:  # nothing to pad: the rows in order are the tiles
+            return x.reshape(self.tiles, 1, TILE, *x.shape[3:]).contiguous()
         x = self._units(x).reshape(self.tiles, self.per_tile * self.unit_rows, *x.shape[3:])
         return _grow(x, 1, TILE).unsqueeze(1).contiguous()
 
     def keys(self, x: torch.Tensor) -> torch.Tensor:
         """[B, Hkv, Sk, D] → [tiles, 1, width, D]: each kv head once per unit that reads it."""
         b, hkv, sk, d = x.shape
-        x = x.unsqueeze(2).expand(b, hkv, self.units // (b * hkv), sk, d).reshape(self.units, sk, d)
-        x = _grow(x, 0, self.tiles * self.per_tile).reshape(self.tiles, self.per_tile * sk, d)
-        return _grow(x, 1, self.width).unsqueeze(1).contiguous()
+        x = x.unsqueeze(2).expand(b, hkv, self.units // (b * hkv), sk, d)
+        if self.units != self.tiles * self.per_tile:
+            x = _grow(x.reshape(self.units, sk, d), 0, self.tiles * self.per_tile)
+        return _grow(x.reshape(self.tiles, 1, self.per_tile * sk, d), 2, self.width).contiguous()
 
     def unpack_queries(self, y: torch.Tensor) -> torch.Tensor:
         """The inverse of `queries` (drops the padding)."""
+        if self.full_tiles:
+            return y.reshape(self.batch, self.heads, self.sq, *y.shape[3:])
         y = y[:, 0, : self.per_tile * self.unit_rows].reshape(self.tiles * self.per_tile, self.unit_rows,
                                                                 *y.shape[3:])
         return y[: self.units].reshape(self.batch, self.heads, self.sq, *y.shape[2:])
@@ -64,7 +74,10 @@ class Packing:
     def unpack_keys(self, y: torch.Tensor) -> torch.Tensor:
         """[tiles, 1, width, D] gradients → [B, Hkv, Sk, D], summed over the units of each kv head (in fp32)."""
         d = y.shape[-1]
-        y = y[:, 0, : self.per_tile * self.sk].reshape(self.tiles * self.per_tile, self.sk, d)[: self.units]
+        if self.width != self.per_tile * self.sk:
+            y = y[:, :, : self.per_tile * self.sk]
+        if self.units != self.tiles * self.per_tile:
+            y = y.reshape(self.tiles * self.per_tile, self.sk, d)[: self.units]
         y = y.reshape(self.batch, self.kv_heads, self.units // (self.batch * self.kv_heads), self.sk, d)
         return y[:, :, 0] if y.shape[2] == 1 else y.sum(2, dtype=torch.float32).to(y.dtype)
 

@@ -39,6 +39,8 @@ NKI_DTYPES = {
     torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16", torch.int32: "int32",
     torch.int64: "int32", torch.int16: "int16", torch.int8: "int8", torch.uint8: "uint8", torch.bool: "uint8",
 }
+# The dtypes the device stores as another dtype (`to_device` narrows them): the only inputs to convert.
+STORED_AS_OTHER = frozenset(dtype for dtype, name in NKI_DTYPES.items() if str(dtype) != f"torch.{name}")
 INT32_RANGE = (-(2**31), 2**31 - 1)
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # what the engines compute in
 
@@ -57,8 +59,10 @@ def nki_dtype(dtype: torch.dtype) -> str:
 def to_device(t: torch.Tensor) -> torch.Tensor:
     """The tensor as the device stores it: int64 narrowed to int32 (checked), bool as 0/1 bytes."""
     if t.dtype == torch.int64:
-        if t.numel() and (t.min() < INT32_RANGE[0] or t.max() > INT32_RANGE[1]):
-            raise CodegenError("an int64 tensor holds values outside int32, which NKI cannot store")
+        if t.numel():
+            low, high = torch.aminmax(t)
+            if low.item() < INT32_RANGE[0] or high.item() > INT32_RANGE[1]:
+                raise CodegenError("an int64 tensor holds values outside int32, which NKI cannot store")
         return t.to(torch.int32)
     if t.dtype == torch.bool:
         return t.to(torch.uint8)
@@ -68,7 +72,7 @@ def to_device(t: torch.Tensor) -> torch.Tensor:
 def from_device(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Back from device storage to the dtype the graph expects (a kernel called without tensors returns NumPy)."""
     if not isinstance(t, torch.Tensor):
-        t = torch.from_numpy(t.view(np.int16)).view(torch.bfloat16) if t.dtype.name == "bfloat16" else (
+        t = torch.from_numpy(t.view(np.int16)).view(torch.bfloat16) if t.dtype.type.__name__ == "bfloat16" else (
             torch.from_numpy(t))
     return t if t.dtype == dtype else t.to(dtype)
 
@@ -276,7 +280,9 @@ HEADER = "import nki\nimport nki.isa as nisa\nimport nki.language as nl\n\n"
 
 
 def elementwise_source(spec: GroupSpec, name: str) -> str:
-    """The NKI source of a fused group: `kernel(in0, ..., rows, cols) -> out0, ...` over [rows, cols] views."""
+    """The NKI source of a fused group: `kernel(in0, ..., shape, rows, cols) -> out0, ...`, inputs of the group's
+    shape and outputs of `shape`, walked as [rows, cols] views (HBM reshapes inside the kernel: no data moves, and
+    the caller hands tensors over and back as they are)."""
     _check_names(name)
     params = [f"in{i}" for i in range(len(spec.inputs))]
     out_dtypes = [nki_dtype(spec.steps[i].dtype) for i in spec.outputs]
@@ -307,10 +313,12 @@ def elementwise_source(spec: GroupSpec, name: str) -> str:
         result = emit(emitter, nki_dtype(step.dtype), *args, **kwargs)
         values[index] = _as_tile(emitter, result, nki_dtype(step.dtype))
 
-    lines = [HEADER, "@nki.jit", f"def {name}({', '.join([*params, 'rows', 'cols'])}):"]
+    lines = [HEADER, "@nki.jit", f"def {name}({', '.join([*params, 'shape', 'rows', 'cols'])}):"]
+    lines += [f"    {param} = {param}.reshape((rows, cols))" for param in params]
     outs = [f"out{k}" for k in range(len(spec.outputs))]
-    for out, dtype in zip(outs, out_dtypes, strict=True):
-        lines.append(f"    {out} = nl.ndarray((rows, cols), dtype=nl.{dtype}, buffer=nl.shared_hbm)")
+    for k, (out, dtype) in enumerate(zip(outs, out_dtypes, strict=True)):
+        lines.append(f"    result{k} = nl.ndarray(shape, dtype=nl.{dtype}, buffer=nl.shared_hbm)")
+        lines.append(f"    {out} = result{k}.reshape((rows, cols))")
     lines += [
         f"    for r0 in range(0, rows, {PMAX}):",
         f"        pr = min({PMAX}, rows - r0)",
@@ -322,7 +330,8 @@ def elementwise_source(spec: GroupSpec, name: str) -> str:
         tile = values[index]
         body.append(f"nl.store({out}[r0:r0 + pr, c0:c0 + cc], value={tile.name})")
     lines += [f"            {line}" for line in body]
-    lines.append(f"    return {', '.join(outs)}{',' if len(outs) == 1 else ''}")
+    results = [f"result{k}" for k in range(len(outs))]
+    lines.append(f"    return {', '.join(results)}{',' if len(results) == 1 else ''}")
     return "\n".join(lines) + "\n"
 
 
@@ -383,14 +392,17 @@ REDUCE_OPS = {"sum": ("nl.sum", "nl.add"), "mean": ("nl.sum", "nl.add"), "amax":
 
 
 def reduction_source(kind: str, in_dtype: str, out_dtype: str, name: str) -> str:
-    """`kernel(x [rows, cols], rows, cols) -> out [rows, 1]`: reduce the free axis chunk by chunk in fp32."""
+    """`kernel(x, shape, rows, cols) -> out of shape`: x (rows · cols elements, viewed as [rows, cols]) reduced
+    along the free axis chunk by chunk in fp32 into the [rows, 1] view of out."""
     reduce_fn, combine = REDUCE_OPS[kind]
     _check_names(name, in_dtype, out_dtype)
     acc = "float32" if in_dtype.startswith(("float", "bfloat")) or kind in ("sum", "mean") else in_dtype
     finish = "            acc = nl.multiply(acc, 1.0 / cols, dtype=nl.float32)\n" if kind == "mean" else ""
     return (
-        f"{HEADER}@nki.jit\ndef {name}(x, rows, cols):\n"
-        f"    out = nl.ndarray((rows, 1), dtype=nl.{out_dtype}, buffer=nl.shared_hbm)\n"
+        f"{HEADER}@nki.jit\ndef {name}(x, shape, rows, cols):\n"
+        f"    x = x.reshape((rows, cols))\n"
+        f"    result = nl.ndarray(shape, dtype=nl.{out_dtype}, buffer=nl.shared_hbm)\n"
+        f"    out = result.reshape((rows, 1))\n"
         f"    for r0 in range(0, rows, {PMAX}):\n"
         f"        pr = min({PMAX}, rows - r0)\n"
         f"        acc = None\n"
@@ -401,7 +413,7 @@ def reduction_source(kind: str, in_dtype: str, out_dtype: str, name: str) -> str
         f"            acc = part if c0 == 0 else {combine}(acc, part, dtype=nl.{acc})\n"
         f"        if cols > 0:\n{finish}"
         f"            nl.store(out[r0:r0 + pr, 0:1], value=nl.copy(acc, dtype=nl.{out_dtype}))\n"
-        f"    return out\n"
+        f"    return result\n"
     )
 
 

@@ -20,20 +20,20 @@ import torch
 import torch.fx as fx
 
 from neuron_dynamo.lowering import codegen
-from neuron_dynamo.lowering.codegen import GroupSpec, Ref, Step
+from neuron_dynamo.lowering.codegen import STORED_AS_OTHER, GroupSpec, Ref, Step
 from neuron_dynamo.lowering.registry import kernel_for, kernel_set, lowering_for
 from neuron_dynamo.toolchain.simulator import launch
 
 FUSED_FAMILIES = frozenset({"elementwise", "creation"})
-# The dtypes the device stores as another dtype (`codegen.to_device` narrows them): the only inputs to convert.
-STORED_AS_OTHER = frozenset(dtype for dtype, name in codegen.NKI_DTYPES.items() if str(dtype) != f"torch.{name}")
+aten = torch.ops.aten
 
 
 class FusedKernel:
     """One generated NKI kernel for a fused group, called with the group's input tensors (any broadcastable shape).
 
     A region calls it with the same shapes again and again, so the per-call work is kept to what the arguments
-    need: an input of the group's shape is not expanded, a dtype the device stores as it is is not converted.
+    need: an input of the group's shape and of a dtype the device stores as it is goes to the kernel untouched
+    (the kernel views it as [rows, cols] itself), and the kernel's results come back in the group's shape.
     """
 
     def __init__(self, spec: GroupSpec, shape: Sequence[int]) -> None:
@@ -44,24 +44,42 @@ class FusedKernel:
         self.source = codegen.elementwise_source(spec, self.__name__)
         self.kernel = codegen.compile_source(self.source, self.__name__)
         self.rows, self.cols = codegen.plan_elementwise(self.shape)
+        self.device_shape = self.shape or (1,)  # a 0-dim result is one element on device
+        # The kernel's results are the group's outputs as they are unless a dtype is stored as another, the shape
+        # is 0-dim, or no input is a tensor (a kernel called without tensors returns NumPy arrays).
+        self.as_returned = bool(spec.inputs) and bool(self.shape) and not STORED_AS_OTHER.intersection(self.out_dtypes)
 
     def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        shape, rows, cols = self.shape, self.rows, self.cols
-        if rows * cols == 0:
+        shape = self.shape
+        if self.rows * self.cols == 0:
             return tuple(torch.empty(shape, dtype=dtype) for dtype in self.out_dtypes)
-        args = []
-        for x in inputs:
-            if x.dtype in STORED_AS_OTHER:
-                x = codegen.to_device(x)  # the same values as on the expanded view, checked on fewer elements
-            if x.shape != shape:
-                x = x.expand(shape)
-            args.append(x.reshape(rows, cols))
-        outs = launch(self.kernel, *args, rows, cols)
-        return tuple([o.reshape(shape) if o.dtype is d else codegen.from_device(o.reshape(shape), d)
+        args = [x if x.shape == shape and x.dtype not in STORED_AS_OTHER else _device_input(x, shape)
+                for x in inputs]
+        outs = launch(self.kernel, *args, self.device_shape, self.rows, self.cols)
+        if self.as_returned:
+            return outs
+        return tuple([o if o.dtype is d and o.shape == shape else _host_output(o, d, shape)
                       for o, d in zip(outs, self.out_dtypes, strict=True)])
 
     def __repr__(self) -> str:
         return f"FusedKernel({self.__name__}, {len(self.spec.steps)} ops, shape={list(self.shape)})"
+
+
+def _host_output(out: Any, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    """A kernel result as the graph's tensor: its dtype, and its shape (a 0-dim result is one element on device)."""
+    out = codegen.from_device(out, dtype)
+    return out if out.shape == shape else out.reshape(shape)
+
+
+def _device_input(x: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """An input as the kernel reads it: in the dtype the device stores (converted before the expand: the same
+    values, checked on fewer elements; a bool is viewed as its 0/1 bytes, as generated kernels only read their
+    inputs) and broadcast to the group's shape."""
+    if x.dtype is torch.bool:
+        x = x.view(torch.uint8)
+    elif x.dtype in STORED_AS_OTHER:
+        x = codegen.to_device(x)
+    return x if x.shape == shape else x.expand(shape)
 
 
 def build_group(nodes: list[fx.Node]) -> tuple[GroupSpec, list[fx.Node], list[fx.Node]]:
@@ -102,6 +120,7 @@ def lower_graph(region: fx.GraphModule, target: str) -> fx.GraphModule:
     graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
     group: list[fx.Node] = []
+    folded: set[fx.Node] = set()  # the t(t(x)) that stand for x
 
     def close_group() -> None:
         if not group:
@@ -126,6 +145,10 @@ def lower_graph(region: fx.GraphModule, target: str) -> fx.GraphModule:
             if group and node.meta["val"].shape != group[-1].meta["val"].shape:
                 close_group()
             group.append(node)
+        elif (source := _transposed_back(node)) is not None and node.args[0] not in folded:
+            graph.erase_node(env[node.args[0]])  # t(t(x)) is x: no view to make (and none to copy as an output)
+            env[node] = env[source]
+            folded.add(node)
         else:
             if group and any(arg in group for arg in node.all_input_nodes):
                 close_group()
@@ -135,6 +158,21 @@ def lower_graph(region: fx.GraphModule, target: str) -> fx.GraphModule:
             env[node] = copied
     lowered = fx.GraphModule(region, graph, class_name=f"{target.capitalize()}Region")
     return lowered
+
+
+def _transposed_back(node: fx.Node) -> fx.Node | None:
+    """x when `node` is t(t(x)) (AOTAutograd's weight gradients) and the inner t has no other reader: the same
+    shape, strides and storage as x. Not when node is returned and x is an input or returned itself (a graph
+    output stays a tensor of its own)."""
+    inner = node.args[0] if node.op == "call_function" and node.target is aten.t.default else None
+    if not (isinstance(inner, fx.Node) and inner.op == "call_function" and inner.target is aten.t.default
+            and len(inner.users) == 1):
+        return None
+    source = inner.args[0]
+    if any(user.op == "output" for user in node.users) and (
+            source.op == "placeholder" or any(user.op == "output" for user in source.users)):
+        return None
+    return source
 
 
 def match_strides(value: torch.Tensor, stride: tuple[int, ...]) -> torch.Tensor:

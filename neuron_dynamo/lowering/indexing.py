@@ -20,6 +20,7 @@ a negative pad (a crop) is a view of the source.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 
@@ -48,8 +49,10 @@ def _gather_rows(table: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
 
 def _check_bounds(index: torch.Tensor, size: int, what: str, negative: bool = True) -> None:
     low = -size if negative else 0
-    if index.numel() and (index.min() < low or index.max() >= size):
-        raise codegen.CodegenError(f"{what}: an index is out of range for a dim of size {size}")
+    if index.numel():
+        least, most = torch.aminmax(index)
+        if least.item() < low or most.item() >= size:
+            raise codegen.CodegenError(f"{what}: an index is out of range for a dim of size {size}")
 
 
 def _source_refusal(value: torch.Tensor) -> str | None:
@@ -139,7 +142,7 @@ def gather_index(x: torch.Tensor, indices: Sequence[torch.Tensor | None]) -> tor
     sizes, rest = list(lead.shape[:len(dims)]), list(lead.shape[len(dims):])
     for index_tensor, size in zip(tensors, sizes, strict=True):
         _check_bounds(index_tensor, size, "index.Tensor")
-    batch = list(torch.broadcast_shapes(*(t.shape for t in tensors)))
+    batch = list(tensors[0].shape if len(tensors) == 1 else torch.broadcast_shapes(*(t.shape for t in tensors)))
     if math.prod(batch) * math.prod(rest) == 0:
         out = torch.empty(*batch, *rest, dtype=x.dtype)  # nothing to move
     else:
@@ -391,7 +394,7 @@ def index_put(op, x, indices, values, accumulate=False):
     sizes, rest = list(lead.shape[:len(dims)]), list(lead.shape[len(dims):])
     for index_tensor, size in zip(tensors, sizes, strict=True):
         _check_bounds(index_tensor, size, "index_put")
-    batch = list(torch.broadcast_shapes(*(t.shape for t in tensors)))
+    batch = list(tensors[0].shape if len(tensors) == 1 else torch.broadcast_shapes(*(t.shape for t in tensors)))
     if math.prod(batch) * math.prod(rest) == 0:
         return x.clone()
     position = _batch_position(dims)
@@ -539,11 +542,14 @@ def masked_scatter(op, x, mask, source):
 
 # ------------------------------------------------------------------------------------------------ constant_pad_nd
 def _pad_source(name: str) -> str:
-    """`kernel(src [outer, stop - start], outer, width, start, stop, fill) -> out [outer, width]`: a memset of the
-    border columns, then one DMA of the source into the middle (the two never overlap)."""
+    """`kernel(src, shape, outer, width, start, stop, fill) -> result of shape`: over the [outer, stop - start] view
+    of src and the [outer, width] view of the result, a memset of the border columns, then one DMA of the source
+    into the middle (the two never overlap)."""
     return (
-        f"{codegen.HEADER}@nki.jit\ndef {name}(src, outer, width, start, stop, fill):\n"
-        "    out = nl.ndarray((outer, width), dtype=src.dtype, buffer=nl.shared_hbm)\n"
+        f"{codegen.HEADER}@nki.jit\ndef {name}(src, shape, outer, width, start, stop, fill):\n"
+        "    src = src.reshape((outer, stop - start))\n"
+        "    result = nl.ndarray(shape, dtype=src.dtype, buffer=nl.shared_hbm)\n"
+        "    out = result.reshape((outer, width))\n"
         f"    for r0 in range(0, outer, {codegen.PMAX}):\n"
         f"        pr = min({codegen.PMAX}, outer - r0)\n"
         "        for lo, hi in ((0, start), (stop, width)):\n"
@@ -552,8 +558,14 @@ def _pad_source(name: str) -> str:
         "                nl.store(out[r0:r0 + pr, c0:c0 + cc], value=nl.full((pr, cc), fill, dtype=src.dtype))\n"
         "    if stop > start:\n"
         "        nisa.dma_copy(dst=out[0:outer, start:stop], src=src)\n"
-        "    return out\n"
+        "    return result\n"
     )
+
+
+@functools.cache
+def _pad_kernel():
+    name = codegen.source_name("constant_pad", "v1")
+    return codegen.compile_source(_pad_source(name), name)
 
 
 def _pad_refusal(node: fx.Node) -> str | None:
@@ -570,10 +582,10 @@ def constant_pad_nd(op, x, pad, value=0):
     """torch's F.pad(mode="constant"): `pad` holds (before, after) pairs from the last dim backwards."""
     pairs = [(pad[i], pad[i + 1]) for i in range(0, len(pad), 2)]
     for back, (before, after) in enumerate(pairs):  # crops first: a view of the source
-        dim = x.dim() - 1 - back
-        x = x.narrow(dim, max(-before, 0), x.shape[dim] - max(-before, 0) - max(-after, 0))
-    name = codegen.source_name("constant_pad", "v1")
-    kernel = codegen.compile_source(_pad_source(name), name)
+        if before < 0 or after < 0:
+            dim = x.dim() - 1 - back
+            x = x.narrow(dim, max(-before, 0), x.shape[dim] - max(-before, 0) - max(-after, 0))
+    kernel = _pad_kernel()
     dtype = codegen.nki_dtype(x.dtype)
     fill = codegen.typed_constant(value, dtype)  # a bool tensor is stored as 0/1 bytes
     for back, (before, after) in enumerate(pairs):
@@ -588,7 +600,7 @@ def constant_pad_nd(op, x, pad, value=0):
             x = torch.full(shape, value, dtype=x.dtype)
             continue
         width, start = shape[dim] * inner, before * inner
-        source = codegen.to_device(x.contiguous()).reshape(outer, x.shape[dim] * inner)
-        out = launch(kernel, source, outer, width, start, start + x.shape[dim] * inner, fill)
-        x = codegen.from_device(out.reshape(shape), x.dtype)
+        out = launch(kernel, codegen.to_device(x), tuple(shape), outer, width, start, start + x.shape[dim] * inner,
+                     fill)
+        x = codegen.from_device(out, x.dtype)
     return x if any(p > 0 for p in pad) else x.clone()  # a crop alone is a copy of the view

@@ -57,11 +57,18 @@ def nll_loss_decomposed(op, *args):
 def _labels(target: torch.Tensor, classes: int, ignore_index: int) -> torch.Tensor:
     """The labels as the kernel reads them (int32), after the bounds check torch itself makes: an out-of-range
     label would make the indirect DMA read another row."""
-    counted = target[target != ignore_index]
-    if counted.numel() and (counted.min() < 0 or counted.max() >= classes):
-        raise codegen.CodegenError(f"a cross-entropy label is outside [0, {classes}) and is not the ignore_index "
-                                   f"{ignore_index}")
-    return codegen.to_device(target.contiguous())
+    if target.numel():
+        if classes:  # the ignored labels as 0, a class: one min and max over the rest
+            least, most = torch.aminmax(torch.where(target == ignore_index, 0, target))
+            outside = least.item() < 0 or most.item() >= classes
+        else:
+            outside = bool((target != ignore_index).any())
+        if outside:
+            raise codegen.CodegenError(f"a cross-entropy label is outside [0, {classes}) and is not the "
+                                       f"ignore_index {ignore_index}")
+        if target.dtype == torch.int64 and codegen.INT32_RANGE[0] <= ignore_index <= codegen.INT32_RANGE[1]:
+            return target.to(torch.int32)  # every value is checked to fit
+    return codegen.to_device(target)
 
 
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor, reduction: int, ignore_index: int):

@@ -8,6 +8,7 @@ is read off the strides at run time. A scale (alpha, beta) or a bias other than 
 kernel after the product.
 """
 
+import functools
 import math
 
 import torch
@@ -27,7 +28,8 @@ def matmul(op, *args, **kwargs):
     return op(*args, **kwargs)
 
 
-@lowers(aten.t, aten.permute, family="matmul", target="simulator", handles_empty=True)
+@lowers(aten.t, aten.permute, family="matmul", target="simulator", handles_empty=True,
+        direct={aten.t.default: torch.Tensor.t, aten.permute.default: torch.Tensor.permute})
 def transpose_view(op, *args, **kwargs):
     """A transpose or permute is the access pattern of the consuming kernel: the strided view, no data moved."""
     return op(*args, **kwargs)
@@ -35,18 +37,26 @@ def transpose_view(op, *args, **kwargs):
 
 def as_stored(x: torch.Tensor) -> tuple[torch.Tensor, bool]:
     """The operand as it lies in memory and whether its last two dims are swapped (`x` = that tensorᵀ)."""
-    if x.dim() >= 2 and not x.is_contiguous() and x.transpose(-1, -2).is_contiguous():
-        return x.transpose(-1, -2), True
+    if x.dim() >= 2 and not x.is_contiguous():
+        swapped = x.transpose(-1, -2)
+        if swapped.is_contiguous():
+            return swapped, True
     return x.contiguous(), False
+
+
+@functools.cache
+def _matmul_kernel():
+    """The library kernel, imported at the first matmul (the reference target never loads the interpreter)."""
+    from neuron_dynamo.kernels.matmul import matmul_kernel
+
+    return matmul_kernel
 
 
 def run_matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """a @ b (+ bias) on the library kernel; a [M, K] or [B, M, K], b [K, N] or [B, K, N]."""
-    from neuron_dynamo.kernels.matmul import matmul_kernel
-
     a_stored, transpose_a = as_stored(a)
     b_stored, transpose_b = as_stored(b)
-    return launch(matmul_kernel, a_stored, b_stored, bias, "none", transpose_a, transpose_b)
+    return launch(_matmul_kernel(), a_stored, b_stored, bias, "none", transpose_a, transpose_b)
 
 
 def _float_operands(node: fx.Node) -> str | None:
@@ -60,6 +70,8 @@ def _float_operands(node: fx.Node) -> str | None:
 def product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a @ b on the library kernel, or what needs no kernel: an empty result, or zeros for an empty contraction
     (a memset: eager's [n, 0] @ [0, m] is zeros, not an error)."""
+    if a.numel() and b.numel():  # K > 0 and a result with elements (the common case first)
+        return run_matmul(a, b)
     from neuron_dynamo.lowering.generated import run_single
 
     shape = [*a.shape[:-1], b.shape[-1]]

@@ -10,6 +10,7 @@ and their first index, logsumexp, variances. Scans (cumsum, cumprod, cummax/cumm
 VectorE `tensor_tensor_scan` library kernels (`kernels.scans`), sequential in fp32 as torch's CPU kernels are.
 """
 
+import dataclasses
 import functools
 import math
 
@@ -88,27 +89,61 @@ def _integer_refusal(node: fx.Node, source: torch.Tensor) -> str | None:
         handles_empty=True)
 def reduce(op, x, dims=None, keepdim=False, dtype=None):
     """One generated reduction kernel over [kept, reduced]; the result takes the graph's shape and dtype."""
-    packet = op.overloadpacket
-    out_dtype = dtype or (torch.int64 if packet is aten.sum and not x.dtype.is_floating_point else x.dtype)
-    dims = _dims(x, dims)
-    shape = [1 if d in dims else s for d, s in enumerate(x.shape)] if keepdim else [
-        s for d, s in enumerate(x.shape) if d not in dims]
-    order, rows, cols = codegen.plan_reduction(x.shape, dims)
-    if rows * cols == 0:  # nothing to move or add: the (empty or identity) result needs no kernel
-        exact = {aten.sum: aten.sum.dim_IntList, aten.mean: aten.mean.dim}
-        if packet in exact:
-            return exact[packet](x, dims, keepdim, dtype=dtype)
-        return op(x, dims, keepdim)
-    leading = order != list(range(x.dim()))
-    if leading and order == [*range(len(dims), x.dim()), *range(len(dims))] and x.dtype.is_floating_point:
-        from neuron_dynamo.kernels.transpose import transpose_kernel
+    plan = _plan(op, x.shape, x.dtype, tuple(dims) if isinstance(dims, list) else dims, keepdim, dtype)
+    if plan.kernel is None:  # nothing to move or add: the (empty or identity) result needs no kernel
+        exact = {aten.sum: aten.sum.dim_IntList, aten.mean: aten.mean.dim}.get(op.overloadpacket)
+        return op(x, plan.dims, keepdim) if exact is None else exact(x, plan.dims, keepdim, dtype=dtype)
+    if plan.transposed:
+        view = launch(_transpose_kernel(), x.contiguous().reshape(plan.cols, plan.rows))
+    else:  # the kernel views the kept dims as rows itself
+        view = x.permute(plan.order) if plan.order else x
+    if view.dtype in codegen.STORED_AS_OTHER:
+        view = codegen.to_device(view)
+    out = launch(plan.kernel, view, plan.device_shape, plan.rows, plan.cols)
+    if out.dtype != plan.out_dtype or plan.device_shape != plan.shape:
+        out = codegen.from_device(out, plan.out_dtype).reshape(plan.shape)
+    return out
 
-        view = launch(transpose_kernel, x.contiguous().reshape(cols, rows))
-    else:
-        view = x.permute(order).reshape(rows, cols) if leading else x.reshape(rows, cols)
-    kernel = _reduction_kernel(KINDS[packet], codegen.nki_dtype(x.dtype), codegen.nki_dtype(out_dtype))
-    out = launch(kernel, codegen.to_device(view.contiguous()), rows, cols)
-    return codegen.from_device(out.reshape(shape if shape else []), out_dtype).reshape(shape)
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """How `reduce` runs one op at one shape and set of arguments (worked out once: a region reduces the same
+    shapes every run)."""
+
+    dims: list[int]
+    shape: tuple[int, ...]  # the result's
+    device_shape: tuple[int, ...]  # the kernel's result (a 0-dim result is one element on device)
+    out_dtype: torch.dtype
+    order: list[int] | None  # a permutation bringing the reduced dims last, when they are not
+    transposed: bool  # the reduced dims lead: the TensorE transpose kernel turns [reduced, kept] first
+    rows: int
+    cols: int
+    kernel: object  # None when there is nothing to reduce
+
+
+@functools.lru_cache(maxsize=1024)
+def _plan(op, shape: torch.Size, x_dtype: torch.dtype, dims, keepdim: bool, dtype) -> _Plan:
+    packet = op.overloadpacket
+    out_dtype = dtype or (torch.int64 if packet is aten.sum and not x_dtype.is_floating_point else x_dtype)
+    rank = len(shape)
+    dims = list(range(rank)) if dims is None or dims == () else [
+        d % max(rank, 1) for d in ([dims] if isinstance(dims, int) else dims)]
+    kept = tuple(1 if d in dims else s for d, s in enumerate(shape)) if keepdim else tuple(
+        s for d, s in enumerate(shape) if d not in dims)
+    order, rows, cols = codegen.plan_reduction(shape, dims)
+    leading = order != list(range(rank))
+    transposed = leading and order == [*range(len(dims), rank), *range(len(dims))] and x_dtype.is_floating_point
+    kernel = None if rows * cols == 0 else _reduction_kernel(
+        KINDS[packet], codegen.nki_dtype(x_dtype), codegen.nki_dtype(out_dtype))
+    return _Plan(dims, kept, kept or (1,), out_dtype, order if leading and not transposed else None, transposed,
+                 rows, cols, kernel)
+
+
+@functools.cache
+def _transpose_kernel():
+    from neuron_dynamo.kernels.transpose import transpose_kernel
+
+    return transpose_kernel
 
 
 @functools.cache

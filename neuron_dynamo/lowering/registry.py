@@ -13,6 +13,7 @@ Each op's `Lowering` keeps one kernel per target name, so the NKI targets add th
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -27,22 +28,29 @@ class RegistryError(NeuronDynamoError):
     """A lowering registered twice for one op and target, or registered for something that is not an aten op."""
 
 
-class Kernel:
+class Kernel(functools.partial):
     """One op's implementation on one target, callable like the op itself.
 
     A lowered region is the region's FX graph with each op replaced by its kernel, so a Kernel carries a readable
     `__name__` for the generated code (`reference_mm`) and remembers the op and family it implements.
+    A region calls hundreds of kernels per run, so a Kernel is a `functools.partial` (called without a Python frame
+    of its own): of its implementation bound to the op, or of the `direct` callable given for its overload (a tensor
+    method that is the op itself, taking the op's arguments).
     """
 
-    def __init__(
-        self, op: OpKey, family: str, target: str, implementation: Callable[..., Any],
+    def __new__(
+        cls, op: OpKey, family: str, target: str, implementation: Callable[..., Any],
         accepts: Callable[[Any], str | None] | None = None, handles_empty: bool | None = None,
-    ) -> None:
+        direct: dict[OpKey, Callable[..., Any]] | None = None,
+    ) -> Kernel:
+        call = (direct or {}).get(op)
+        self = super().__new__(cls, call) if call is not None else super().__new__(cls, implementation, op)
         self.op = op
         self.family = family
         self.target = target
         self.implementation = implementation
         self.accepts = accepts
+        self.direct = direct
         # Whether the kernel is exact on tensors with no elements; by default only the reference kernels (torch)
         # are: NKI kernels need at least one element per dim, so a node with an empty tensor runs eagerly.
         if handles_empty is None:
@@ -50,15 +58,19 @@ class Kernel:
         self.handles_empty = handles_empty
         self.__name__ = f"{target}_{op_name(op).replace('.', '_')}"
         self.__module__ = implementation.__module__
+        return self
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.implementation(self.op, *args, **kwargs)
+    def __reduce__(self) -> tuple:
+        """Rebuilt from its registration (a copy of a lowered graph copies its kernels; partial's own would not)."""
+        return Kernel, (self.op, self.family, self.target, self.implementation, self.accepts, self.handles_empty,
+                        self.direct)
 
     def for_overload(self, overload: torch._ops.OpOverload) -> Kernel:
         """This kernel bound to one overload of its packet, so it runs exactly the op the graph recorded."""
         if overload is self.op:
             return self
-        return Kernel(overload, self.family, self.target, self.implementation, self.accepts, self.handles_empty)
+        return Kernel(overload, self.family, self.target, self.implementation, self.accepts, self.handles_empty,
+                      self.direct)
 
     def refusal(self, node: Any) -> str | None:
         """None if this kernel can take the FX `node` (its args, shapes, dtypes), else the reason it cannot."""
@@ -126,7 +138,7 @@ def op_name(op: Any) -> str:
 
 def lowers(
     *ops: OpKey, family: str, target: str = "reference", accepts: Callable[[Any], str | None] | None = None,
-    handles_empty: bool | None = None,
+    handles_empty: bool | None = None, direct: dict[OpKey, Callable[..., Any]] | None = None,
 ) -> Callable[[Callable], Callable]:
     """Register the decorated `implementation(op, *args, **kwargs)` as the `target` kernel of every op in `ops`.
 
@@ -134,6 +146,8 @@ def lowers(
     NKI implementation does not handle); the partitioner then runs that node eagerly with the reason.
     A node reading or producing an empty tensor is refused the same way (`EMPTY_TENSOR`) unless `handles_empty`
     (default: only for the reference target, whose kernels are torch itself).
+    `direct` maps overloads to callables that give exactly what the implementation gives for them, called with the
+    op's own arguments (`aten.t.default: torch.Tensor.t`): their kernels call those without the implementation.
     """
 
     def register(implementation: Callable[..., Any]) -> Callable[..., Any]:
@@ -145,7 +159,7 @@ def lowers(
                 raise RegistryError(f"{op_name(op)} already has a {target!r} lowering ({lowering.kernels[target]!r})")
             if lowering.family != family:
                 raise RegistryError(f"{op_name(op)} is in family {lowering.family!r}, not {family!r}")
-            lowering.kernels[target] = Kernel(op, family, target, implementation, accepts, handles_empty)
+            lowering.kernels[target] = Kernel(op, family, target, implementation, accepts, handles_empty, direct)
         return implementation
 
     return register

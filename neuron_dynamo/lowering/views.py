@@ -42,7 +42,19 @@ ACCESS_PATTERNS = (
 )
 
 
-@lowers(*ACCESS_PATTERNS, family="views", target="simulator")
+# The tensor methods that are these views, with the op's own arguments: their kernels call them directly (a view
+# needs only torch's own per-op cost; a region takes hundreds per run). `view` is `reshape` (`access_pattern`).
+METHODS = {
+    aten.view.default: torch.Tensor.reshape, aten._unsafe_view.default: torch.Tensor.reshape,
+    aten.reshape.default: torch.Tensor.reshape, aten.expand.default: torch.Tensor.expand,
+    aten.unsqueeze.default: torch.Tensor.unsqueeze, aten.squeeze.default: torch.Tensor.squeeze,
+    aten.squeeze.dim: torch.Tensor.squeeze, aten.squeeze.dims: torch.Tensor.squeeze,
+    aten.transpose.int: torch.Tensor.transpose, aten.detach.default: torch.Tensor.detach,
+    aten.select.int: torch.Tensor.select, aten.narrow.default: torch.Tensor.narrow,
+}
+
+
+@lowers(*ACCESS_PATTERNS, family="views", target="simulator", direct=METHODS)
 def access_pattern(op, *args, **kwargs):
     """A view on device is the access pattern of the consumer's DMA: the strided view, no data moved.
 
@@ -62,15 +74,19 @@ def _cat_kernel(count: int):
 
 
 def _cat_source(count: int, name: str) -> str:
+    """`kernel(x0, ..., shape, outer, total, widths) -> result of shape`: input i, viewed as [outer, widths[i]],
+    copied into its columns of the [outer, total] view of the result."""
     params = ", ".join(f"x{i}" for i in range(count))
-    lines = [codegen.HEADER, "@nki.jit", f"def {name}({params}, outer, total, widths):",
-             "    out = nl.ndarray((outer, total), dtype=x0.dtype, buffer=nl.shared_hbm)"]
+    lines = [codegen.HEADER, "@nki.jit", f"def {name}({params}, shape, outer, total, widths):",
+             "    result = nl.ndarray(shape, dtype=x0.dtype, buffer=nl.shared_hbm)",
+             "    out = result.reshape((outer, total))"]
     offset = "0"
     for i in range(count):
         lines.append(f"    if widths[{i}] > 0:")
-        lines.append(f"        nisa.dma_copy(dst=out[0:outer, {offset}:{offset} + widths[{i}]], src=x{i})")
+        lines.append(f"        nisa.dma_copy(dst=out[0:outer, {offset}:{offset} + widths[{i}]], "
+                     f"src=x{i}.reshape((outer, widths[{i}])))")
         offset = f"{offset} + widths[{i}]"
-    lines.append("    return out")
+    lines.append("    return result")
     return "\n".join(lines) + "\n"
 
 
@@ -98,9 +114,8 @@ def cat(op, tensors, dim=0):
         return torch.cat(tensors, dim)
     widths = tuple(math.prod(t.shape[dim:]) for t in tensors)
     kernel = _cat_kernel(len(tensors))
-    parts = [codegen.to_device(t.contiguous()).reshape(outer, w) for t, w in zip(tensors, widths, strict=True)]
-    out = launch(kernel, *parts, outer, sum(widths), widths)
-    return codegen.from_device(out.reshape(shape), tensors[0].dtype)
+    out = launch(kernel, *[codegen.to_device(t) for t in tensors], tuple(shape), outer, sum(widths), widths)
+    return codegen.from_device(out, tensors[0].dtype)
 
 
 @lowers(aten.scatter, aten.scatter_add, aten.scatter_reduce, aten.index_put, aten.index_reduce, aten.put,
@@ -155,10 +170,12 @@ def _overlaps(pattern: list[list[int]]) -> bool:
 
 
 def _write_source(name: str) -> str:
+    """`kernel(base, src, pattern, offset)`: a copy of base with src (viewed as the pattern's counts) DMA'd into the
+    access pattern of the copy's allocation."""
     return (f"{codegen.HEADER}@nki.jit\ndef {name}(base, src, pattern, offset):\n"
             "    out = nl.ndarray(base.shape, dtype=base.dtype, buffer=nl.shared_hbm)\n"
             "    nisa.dma_copy(dst=out, src=base)\n"
-            "    nisa.dma_copy(dst=out.ap(pattern, offset=offset), src=src)\n"
+            "    nisa.dma_copy(dst=out.ap(pattern, offset=offset), src=src.reshape(tuple(n for _, n in pattern)))\n"
             "    return out\n")
 
 
@@ -181,10 +198,10 @@ def strided_write(base: torch.Tensor, src: torch.Tensor, pattern: tuple, offset:
     by src: a copy of base, then one DMA into the view's access pattern."""
     if base.numel() == 0 or src.numel() == 0:
         return base.clone()
-    source = codegen.to_device(src.contiguous()).reshape([count for _, count in pattern])
-    out = launch(_generated(_write_source, "strided_write"), codegen.to_device(base.contiguous()).reshape(-1),
-                 source, pattern, offset)
-    return codegen.from_device(out.reshape(base.shape), base.dtype)
+    out = launch(_generated(_write_source, "strided_write"), codegen.to_device(base), codegen.to_device(src), pattern,
+                 offset)
+    out = codegen.from_device(out, base.dtype)
+    return out if base.dim() else out.reshape(())  # a 0-dim argument is one element on device
 
 
 def _pattern_refusal(value: torch.Tensor, pattern: list[list[int]]) -> str | None:
