@@ -35,7 +35,14 @@ class DeviceMemory:
     def __init__(self) -> None:
         self.lock = threading.RLock()
         self.free: dict = {}  # (shape, storage dtype) -> arrays no running launch holds
-        self.scratch: dict = {}  # working buffers the steps share (only while one step runs)
+        self._buffers: dict = {}  # working buffers of the steps, by key (see `buffer`)
+
+    def buffer(self, key, make):
+        """The working buffer `key` (made by `make()` the first time): steps share it, each only while it runs."""
+        buf = self._buffers.get(key)
+        if buf is None:
+            buf = self._buffers[key] = make()
+        return buf
 
 
 DEVICE = DeviceMemory()
@@ -56,7 +63,6 @@ class Launch:
         self.free_tiles: dict = {}  # (shape, storage dtype) -> arrays of this launch's dead on-chip tiles
         self.drawn: list = []  # (key, array) taken from `DEVICE.free`, handed back by `release`
         self.finished = False
-        self.scratch = DEVICE.scratch
         self._cond = threading.Condition()
         self._turn = 0
         self._waiting: set[int] = set()

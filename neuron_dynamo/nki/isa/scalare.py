@@ -7,7 +7,7 @@ import functools
 import numpy as np
 import torch
 
-from neuron_dynamo.nki.context import current
+from neuron_dynamo.nki.context import DEVICE, current
 from neuron_dynamo.nki.errors import kernel_site
 from neuron_dynamo.nki.isa.enums import _ReduceCmd, reduce_cmd
 from neuron_dynamo.nki.isa.operands import (
@@ -110,7 +110,7 @@ def _activation_step(ctx, act_name: str, fn, dst, data, p: int, f: int, read_sca
     which also stores them in dst, and those values' array when every call gives the same one, else None); `check`,
     if given, sees the function's input.
 
-    The stages compute in fp32 in a C-contiguous fp32 dst (`out=`), else in a per-launch scratch buffer copied (and
+    The stages compute in fp32 in a C-contiguous fp32 dst (`out=`), else in a shared scratch buffer copied (and
     cast) into dst at the end: no temporaries, and a scale/bias tile or data view overlapping dst is read before
     dst is written. The function is one torch kernel where torch has one (`ops.TORCH_ACTIVATIONS`), NumPy's ufunc
     with `out=`, else NumPy on a temporary.
@@ -122,7 +122,7 @@ def _activation_step(ctx, act_name: str, fn, dst, data, p: int, f: int, read_sca
     direct = out is not None and out.flags.c_contiguous and not any(
         np.may_share_memory(t._a, out) for t in tiles) and not (
         partial_overlap(src, out) if src is not None else np.may_share_memory(data._a, out))
-    target = out if direct else _scratch(ctx, p, f)
+    target = out if direct else _scratch(p, f)
     before = []
     x = src
     if x is None:
@@ -196,13 +196,9 @@ def _row_sums_into(regs: np.ndarray, values: np.ndarray | None):
     return add
 
 
-def _scratch(ctx, p: int, f: int) -> np.ndarray:
-    """An fp32 [p, f] buffer the launch's activations compute in (one per shape: steps run one at a time)."""
-    key = ("activation", p, f)
-    buf = ctx.launch.scratch.get(key)
-    if buf is None:
-        buf = ctx.launch.scratch[key] = np.empty((p, f), np.float32)
-    return buf
+def _scratch(p: int, f: int) -> np.ndarray:
+    """An fp32 [p, f] buffer activations compute in (one per shape: steps run one at a time)."""
+    return DEVICE.buffer(("activation", p, f), lambda: np.empty((p, f), np.float32))
 
 
 # ScalarE evaluates these functions with piecewise polynomials that are only valid on these input ranges

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from neuron_dynamo.nki import dtypes
-from neuron_dynamo.nki.context import current
+from neuron_dynamo.nki.context import DEVICE, current
 from neuron_dynamo.nki.isa.enums import _Engine, engine, matmul_perf_mode
 from neuron_dynamo.nki.isa.operands import (
     _engine_name,
@@ -191,19 +191,14 @@ def _torch_2d(t: NkiTensor, rows: int, cols: int):
     return torch.from_numpy(v)
 
 
-def _scratch(ctx, m: int, n: int):
-    """A torch fp32 [m, n] buffer the launch's matmuls compute into (one per shape: steps run one at a time)."""
-    key = ("matmul", m, n)
-    buf = ctx.launch.scratch.get(key)
-    if buf is None:
-        buf = ctx.launch.scratch[key] = torch.empty((m, n), dtype=torch.float32)
-    return buf
+def _scratch(m: int, n: int):
+    """A torch fp32 [m, n] buffer matmuls compute into (one per shape: steps run one at a time)."""
+    return DEVICE.buffer(("matmul", m, n), lambda: torch.empty((m, n), dtype=torch.float32))
 
 
 def _overwrite(gemm, dst: NkiTensor, m: int, n: int, direct=None):
     """dst = the GEMM (or `direct()`'s values, see `_identity_operand`): straight into dst when it is an fp32 view
     with rows of adjacent elements (torch's GEMM takes the row stride), else through the scratch buffer."""
-    ctx = current()
     out = _out2d(dst, m, n)
     if out is not None and out.strides[1] == out.itemsize and out.strides[0] >= 0:
         s, target = dst._s, torch.from_numpy(out)
@@ -216,7 +211,7 @@ def _overwrite(gemm, dst: NkiTensor, m: int, n: int, direct=None):
             else:
                 out[...] = values
         return run
-    buf, store = _scratch(ctx, m, n), _writer(dst, m, n)
+    buf, store = _scratch(m, n), _writer(dst, m, n)
     result = buf.numpy()
 
     def run():
@@ -231,7 +226,7 @@ def _overwrite(gemm, dst: NkiTensor, m: int, n: int, direct=None):
 def _accumulate(gemm, dst: NkiTensor, m: int, n: int, direct=None):
     """dst += the GEMM (or `direct()`'s values), in fp32 (PSUM accumulation); a bf16 dst (trn3) adds in fp32 and
     rounds."""
-    buf = _scratch(current(), m, n)
+    buf = _scratch(m, n)
     result = buf.numpy()
     out = _out2d(dst, m, n)
     s, store = dst._s, None if out is not None else _writer(dst, m, n)
@@ -313,22 +308,19 @@ def nc_transpose(dst, data, engine=engine.unknown, name=None):
     if src is None:  # a copy made now would go stale: read the view at every run
         _step(ctx, lambda: dst._write(_rows(data, p, f).T))
     else:
-        _step(ctx, _transposer(ctx, src, _writer(dst, f, p)), writes=(dst,))
+        _step(ctx, _transposer(src, _writer(dst, f, p)), writes=(dst,))
     _touch(ctx, (data, dst))
     _record(ctx, op, eng, p, f, (data,), dst)
 
 
-def _transposer(ctx, src: np.ndarray, store):
+def _transposer(src: np.ndarray, store):
     """The step storing `src.T`. Read column by column, a tile whose rows lie far apart in a wider allocation (a
     block of a [128, 2048] score tile) lands its rows on the same few cache sets, and the copy gets several times
-    slower: such a source is first copied row by row into a contiguous buffer of the launch."""
+    slower: such a source is first copied row by row into a contiguous shared buffer."""
     p, f = src.shape
     if src.flags.c_contiguous or min(p, f) < 32:
         return lambda: store(src.T)
-    key = ("transpose", p, f, src.dtype.str)
-    buf = ctx.launch.scratch.get(key)
-    if buf is None:
-        buf = ctx.launch.scratch[key] = np.empty((p, f), dtype=src.dtype)
+    buf = DEVICE.buffer(("transpose", p, f, src.dtype.str), lambda: np.empty((p, f), dtype=src.dtype))
 
     def run():
         buf[...] = src
