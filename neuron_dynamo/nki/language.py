@@ -701,12 +701,14 @@ def broadcast_to(x, shape, dtype=None):
     src = x
     if x.shape[0] != shape[0]:
         staged = _out((shape[0],) + x.shape[1:], x.dtype)
-        isa.dma_copy(staged, NkiTensor(np.broadcast_to(x._a, (shape[0],) + x.shape[1:]), x._s, x.dtype))
+        isa.dma_copy(staged, NkiTensor(np.broadcast_to(x._a, (shape[0],) + x.shape[1:]), x._s, x.dtype, life=x._life))
         src = staged
     elif x._s.buffer in HBM:
         src = load(x)
     out = _out(shape, dtype or x.dtype)
-    isa.tensor_copy(out, NkiTensor(np.broadcast_to(src._a, shape), src._s, src.dtype) if src.shape != shape else src)
+    if src.shape != shape:
+        src = NkiTensor(np.broadcast_to(src._a, shape), src._s, src.dtype, life=src._life)
+    isa.tensor_copy(out, src)
     return out
 
 

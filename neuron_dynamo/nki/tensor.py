@@ -82,16 +82,26 @@ def _int(value, what: str) -> int:
         raise NkiValidationError("compile-time-int", f"{what} must be an integer, got {value!r}") from None
 
 
+class Lifetime:
+    """Held by every view of one on-chip tile and by nothing else: when the last view goes, the kernel can no longer
+    name the tile and its array may serve the launch's next allocation. (The storage itself outlives its views: the
+    steps recorded for a replay keep it.)"""
+
+    __slots__ = ("__weakref__",)
+
+
 class NkiTensor:
     """A view of an NKI allocation. Attributes: shape, dtype, buffer, ndim, size, strides, offset, name."""
 
-    __slots__ = ("_a", "_s", "_dt", "_idx")
+    __slots__ = ("_a", "_s", "_dt", "_idx", "_life")
 
-    def __init__(self, array: np.ndarray | None, storage: Storage, dtype: str, idx=None) -> None:
+    def __init__(self, array: np.ndarray | None, storage: Storage, dtype: str, idx=None,
+                 life: Lifetime | None = None) -> None:
         self._a = array
         self._s = storage
         self._dt = dtype
         self._idx = idx  # indirect tensors: their `Indirect` addressing
+        self._life = life  # on-chip tiles: shared by all views of the allocation (see `Lifetime`)
 
     # ---------------------------------------------------------------- attributes
     @property
@@ -275,10 +285,10 @@ class NkiTensor:
             if kept < 2 and int_dims:
                 last = int_dims[-1]
                 norm[last] = slice(norm[last], norm[last] + 1)
-        return NkiTensor(self._a[tuple(norm)], self._s, self._dt)
+        return NkiTensor(self._a[tuple(norm)], self._s, self._dt, life=self._life)
 
     def _view(self, array: np.ndarray) -> NkiTensor:
-        return NkiTensor(array, self._s, self._dt)
+        return NkiTensor(array, self._s, self._dt, life=self._life)
 
     def _check_dim(self, dim, allow_partition: bool = False) -> int:
         d = _int(dim, "a dimension")
@@ -425,7 +435,7 @@ class NkiTensor:
                                          f"is not a multiple of {new_size} bytes")
             if a.shape[-1] == 1:  # NumPy wants a unit stride on the axis it rescales
                 a = np.lib.stride_tricks.as_strided(a, a.shape, a.strides[:-1] + (a.itemsize,))
-        return NkiTensor(a.view(dtypes.STORAGE[name]), self._s, name)
+        return NkiTensor(a.view(dtypes.STORAGE[name]), self._s, name, life=self._life)
 
     def is_contiguous(self) -> bool:
         return self._idx is None and self._a.flags.c_contiguous
@@ -480,7 +490,7 @@ class NkiTensor:
             view = np.lib.stride_tricks.as_strided(flat[offset:], tuple(counts), tuple(st * item for st in steps))
             if view.dtype != dtypes.STORAGE[self._dt]:
                 view = view.view(dtypes.STORAGE[self._dt])
-            return NkiTensor(view, self._s, self._dt)
+            return NkiTensor(view, self._s, self._dt, life=self._life)
         if not isinstance(vector_offset, NkiTensor):
             raise NkiValidationError("ap", "vector_offset must be an SBUF tensor of indices")
         d = _int(indirect_dim, "indirect_dim")
@@ -495,7 +505,8 @@ class NkiTensor:
             raise NkiValidationError(
                 "ap", f"vector_offset has {available} indices but access-pattern dim {d} has {counts[d]} elements"
             )
-        return NkiTensor(None, self._s, self._dt, Indirect(pattern, offset, d, flat.size, vector_offset))
+        return NkiTensor(None, self._s, self._dt, Indirect(pattern, offset, d, flat.size, vector_offset),
+                         life=self._life)
 
 
 class Indirect:
@@ -632,10 +643,10 @@ def allocate(shape, dtype, buffer, name: str = "", fill=None, site=None) -> NkiT
         key = (shape, storage_dtype)
         data = ctx.launch.tile(key, shape, storage_dtype)
         data.fill(value)
-        storage = Storage(data, region, name, site, use)
-        weakref.finalize(storage, _recycle, ctx.launch, key, data)
+        storage, life = Storage(data, region, name, site, use), Lifetime()
+        weakref.finalize(life, _recycle, ctx.launch, key, data)
         _recorded(ctx, storage, value)
-        return NkiTensor(data, storage, name_dt)
+        return NkiTensor(data, storage, name_dt, life=life)
     data = np.full(shape, value, dtype=storage_dtype)
     storage = Storage(data, region, name, site, use)
     _recorded(ctx, storage, value)
