@@ -22,11 +22,16 @@ import torch
 from neuron_dynamo.kernels.activations import activation_kernel, gated_activation_kernel
 from neuron_dynamo.kernels.attention import attention_kernel
 from neuron_dynamo.kernels.attention_bwd import attention_backward_kernel
-from neuron_dynamo.kernels.cross_entropy import cross_entropy_backward_kernel, cross_entropy_kernel
+from neuron_dynamo.kernels.cross_entropy import (
+    cross_entropy_backward_kernel,
+    cross_entropy_kernel,
+    cross_entropy_loss_kernel,
+)
 from neuron_dynamo.kernels.embedding import embedding_kernel
 from neuron_dynamo.kernels.matmul import matmul_kernel
 from neuron_dynamo.kernels.norms import layernorm_kernel, rmsnorm_kernel
 from neuron_dynamo.kernels.rope import rope_kernel
+from neuron_dynamo.kernels.scatter import embedding_backward_kernel
 from neuron_dynamo.kernels.softmax import log_softmax_kernel, softmax_kernel
 from neuron_dynamo.kernels.transpose import transpose_kernel
 
@@ -64,6 +69,11 @@ def cases(quick):
         _, lse = cross_entropy_kernel(logits, labels)
         return (logits, labels, lse, torch.full((n,), 1.0 / n)), None
 
+    rows = min(vocab, 2**24 // n)  # the lowering's one-hot limit: rows x ids <= 2**24
+
+    def embedding_backward():
+        return (rand(n, n // 4), torch.randint(0, rows, (n,), dtype=torch.int32), rows), None
+
     x = lambda: rand(n, n)  # noqa: E731
     return [
         ("matmul", matmul_kernel, lambda: ((rand(n, n), rand(n, n)), 2 * n**3), f"{n}x{n}x{n} bf16", "tensor"),
@@ -88,9 +98,14 @@ def cases(quick):
         ("embedding", embedding_kernel,
          lambda: ((torch.randint(0, vocab, (n,), dtype=torch.int32), rand(vocab, n)), None),
          f"{n} ids, table {vocab}x{n} bf16", "hbm"),
+        ("embedding_backward", embedding_backward_kernel, embedding_backward,
+         f"{n} ids x {n // 4} bf16 into {rows} rows", "tensor"),
         ("cross_entropy", cross_entropy_kernel,
          lambda: ((rand(n, vocab), torch.randint(0, vocab, (n,), dtype=torch.int32)), None),
          f"{n}x{vocab} bf16", "hbm"),
+        ("cross_entropy_loss", cross_entropy_loss_kernel,
+         lambda: ((rand(n, vocab), torch.randint(0, vocab, (n,), dtype=torch.int32), -100, True), None),
+         f"{n}x{vocab} bf16, mean", "hbm"),
         ("cross_entropy_backward", cross_entropy_backward_kernel, cross_entropy_bwd, f"{n}x{vocab} bf16", "hbm"),
     ]
 

@@ -1,4 +1,5 @@
-"""Matrix multiplication C = act(A @ B + bias) on TensorE, for any M, N, K, batched, either operand transposed.
+"""Matrix multiplication C = act(A @ B + bias) [+ residual] on TensorE, for any M, N, K, batched, either operand
+transposed.
 
 Layout contract (`matmul_kernel`):
   a     [M, K] or [B, M, K]; with transpose_a=True it is given as [K, M] / [B, K, M]
@@ -6,6 +7,8 @@ Layout contract (`matmul_kernel`):
         with transpose_b=True it is given as [N, K] / [B, N, K] (a torch Linear weight)
   bias  optional [N], added to every row before the activation
   activation  "none" | "relu" | "silu" | "gelu" | "gelu_tanh" | "sigmoid" | "tanh"
+  residual  optional, of C's shape and dtype: added to act(A @ B + bias) after its cast to C's dtype (a residual
+        stream, or another product), as eager adds two tensors of that dtype
   returns C [M, N] or [B, M, N] in a's dtype (fp32, bf16 or fp16; a and b share a dtype).
   No shape limits: ragged edges (not multiples of 128/512) are handled by partial tiles.
 
@@ -16,8 +19,8 @@ streams past it. A strips (and B for transpose_b) arrive K-major through DMA tra
 (TensorE keeps only the useful products), through a row-major DMA and TensorE transposes for fp32;
 the next strip is loaded before the current one is multiplied (double buffering, so DMA hides behind
 TensorE). Each 128 × 512 output tile accumulates over the K tiles in one PSUM bank (fp32); four banks hold
-a 128 × 2048 output strip. The epilogue (bias, activation, cast) runs on Vector/ScalarE on the way out of
-PSUM and the strip is stored with one DMA. When K needs several chunks, partial sums go through an fp32
+a 128 × 2048 output strip. The epilogue (bias, activation, cast, residual) runs on Vector/ScalarE on the way out
+of PSUM and the strip is stored with one DMA. When K needs several chunks, partial sums go through an fp32
 HBM scratch tensor and the epilogue runs after the last chunk.
 """
 
@@ -33,7 +36,7 @@ N_BLOCK = 4 * FMAX  # output columns per resident B block: four PSUM banks of ac
 A_STRIP_BYTES = 8 * 1024  # per partition, for one A strip of a K chunk (there are four such buffers live)
 
 @nki.jit
-def matmul_kernel(a, b, bias=None, activation="none", transpose_a=False, transpose_b=False):
+def matmul_kernel(a, b, bias=None, activation="none", transpose_a=False, transpose_b=False, residual=None):
     """C = activation(A @ B + bias); see the module docstring for the layout contract."""
     name = "matmul_kernel"
     require(activation in ACTIVATIONS, name, f"activation {activation!r} is not one of {sorted(ACTIVATIONS)}")
@@ -56,18 +59,22 @@ def matmul_kernel(a, b, bias=None, activation="none", transpose_a=False, transpo
             f"b {tuple(b.shape)} (transpose_b={transpose_b}) give K = {k_a} vs {k_b}")
     if bias != None:  # noqa: E711
         require_vector(name, "bias", bias, n_size)
+    out_shape = (a.shape[0], m_size, n_size) if batched else (m_size, n_size)
+    if residual != None:  # noqa: E711
+        require(tuple(residual.shape) == out_shape and residual.dtype == a.dtype, name,
+                f"residual must be {a.dtype} {out_shape} (C's), got {residual.dtype} {tuple(residual.shape)}")
+    c = nl.ndarray(out_shape, dtype=a.dtype, buffer=nl.shared_hbm)
     if batched:
-        c = nl.ndarray((a.shape[0], m_size, n_size), dtype=a.dtype, buffer=nl.shared_hbm)
         for bi in range(a.shape[0]):
             b2 = b if shared_b else b[bi]
-            _matmul_2d(a[bi], b2, bias, c[bi], act, transpose_a, transpose_b)
+            res = residual[bi] if residual != None else None  # noqa: E711
+            _matmul_2d(a[bi], b2, bias, c[bi], act, transpose_a, transpose_b, res)
     else:
-        c = nl.ndarray((m_size, n_size), dtype=a.dtype, buffer=nl.shared_hbm)
-        _matmul_2d(a, b, bias, c, act, transpose_a, transpose_b)
+        _matmul_2d(a, b, bias, c, act, transpose_a, transpose_b, residual)
     return c
 
 
-def _matmul_2d(a, b, bias, c, act, transpose_a, transpose_b):
+def _matmul_2d(a, b, bias, c, act, transpose_a, transpose_b, residual):
     """One 2-D product into the HBM view c; the tiling is described in the module docstring."""
     m_size, n_size = c.shape
     k_size = a.shape[0] if transpose_a else a.shape[1]
@@ -92,7 +99,7 @@ def _matmul_2d(a, b, bias, c, act, transpose_a, transpose_b):
                 if m0 + PMAX < m_size:  # prefetch the next strip while this one is multiplied
                     a_next = _load_a_strip(a, m0 + PMAX, min(PMAX, m_size - m0 - PMAX), k0, kc, transpose_a)
                 acc = _multiply_strip(a_tiles, b_tiles, mt, kc, nb)
-                _epilogue(acc, _stage(ci, n_chunks), scratch, bias_rows, act, c, m0, mt, n0, nb)
+                _epilogue(acc, _stage(ci, n_chunks), scratch, bias_rows, act, residual, c, m0, mt, n0, nb)
 
 
 def _stage(ci, n_chunks):
@@ -146,8 +153,9 @@ def _multiply_strip(a_tiles, b_tiles, mt, kc, nb):
     return acc
 
 
-def _epilogue(acc, stage, scratch, bias_rows, act, c, m0, mt, n0, nb):
-    """Drain the PSUM accumulators of one strip: partial sums to scratch, or bias + activation + cast to C."""
+def _epilogue(acc, stage, scratch, bias_rows, act, residual, c, m0, mt, n0, nb):
+    """Drain the PSUM accumulators of one strip: partial sums to scratch, or bias + activation + cast (+ residual)
+    to C."""
     final = stage in ("only", "last")
     out = nl.ndarray((PMAX, nb), dtype=c.dtype if final else nl.float32, buffer=nl.sbuf)
     partial = None
@@ -171,4 +179,8 @@ def _epilogue(acc, stage, scratch, bias_rows, act, c, m0, mt, n0, nb):
                                op=nl.add)
             total = biased[0:mt, 0 : cols.stop - cols.start]
         nisa.activation(dst=out[0:mt, cols], op=act, data=total)
+    if final and residual != None:  # noqa: E711
+        res = nl.ndarray((PMAX, nb), dtype=c.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=res[0:mt, 0:nb], src=residual[m0 : m0 + mt, n0 : n0 + nb])
+        nisa.tensor_tensor(dst=out[0:mt, 0:nb], data1=out[0:mt, 0:nb], data2=res[0:mt, 0:nb], op=nl.add)
     nisa.dma_copy(dst=(c if final else scratch)[m0 : m0 + mt, n0 : n0 + nb], src=out[0:mt, 0:nb])

@@ -1,10 +1,14 @@
-"""Rotary position embedding in the Hugging Face `rotate_half` layout.
+"""Rotary position embedding in the Hugging Face `rotate_half` layout, and its backward.
 
-Layout contract (`rope_kernel`):
-  x         [B, H, S, D] (queries or keys, D even; fp32, bf16 or fp16)
+Layout contract (`rope_kernel`, `rope_backward_kernel`):
+  x         [B, H, S, D] (queries or keys, D even; fp32, bf16 or fp16); the backward takes g, the gradient of
+            the result, in its place
   cos, sin  [B, S, D] (what HF's rotary embedding returns) or [S, D] (shared by the batch), x's dtype
-  returns   x * cos + rotate_half(x) * sin, rotate_half(x) = concat(-x[..., D/2:], x[..., :D/2]),
-            in x's shape and dtype. Products and sums round to x's dtype, as HF's eager code does.
+  returns   rope_kernel: x * cos + rotate_half(x) * sin, rotate_half(x) = concat(-x[..., D/2:], x[..., :D/2]);
+            rope_backward_kernel: the gradient of x, g * cos + Rᵀ(g * sin) with Rᵀ(z) = concat(z[..., D/2:],
+            -z[..., :D/2]) (the transpose of rotate_half). In x's shape and dtype; products and sums round to x's
+            dtype in the order HF's eager code (and autograd's graph of it) computes them. Neither assumes that
+            cos/sin repeat their halves.
 
 Tiling: the rotation never mixes tokens, so any token may sit on any partition, and the heads of a token share its
 cos/sin. Partition rows hold T consecutive tokens of one batch (T divides S: S/T rows per batch, one contiguous HBM
@@ -13,9 +17,10 @@ fill the partitions together), else 128 rows of one batch. A tile is a block's r
 their tokens × D (at most FREE elements per partition unless D alone exceeds it), so one cos/sin load serves every
 head, read through a stride-0 view over the heads. Per tile one DMA brings x in, five element-wise products and
 sums run over [rows, G, tokens, D/2] views (GpSimd the two rotate_half products, VectorE the rest: it runs bf16
-twice as fast), and one DMA stores the result. T minimises the bytes each partition streams plus RUN_COST per DMA
-run and per instruction: T = 1 for short sequences (the tiny Llama's [2, 4, 64, 16] is one tile, 9 instructions),
-typically S/128 for long ones (S/128-token runs).
+twice as fast; the backward's four: GpSimd g * sin, VectorE the rest), and one DMA stores the result. T minimises
+the bytes each partition streams plus RUN_COST per DMA run and per instruction: T = 1 for short sequences (the tiny
+Llama's [2, 4, 64, 16] is one tile, 9 instructions; 8 for the backward), typically S/128 for long ones (S/128-token
+runs).
 """
 
 import nki
@@ -32,7 +37,17 @@ RUN_COST = 256  # bytes per partition that a DMA run (descriptor) or an instruct
 @nki.jit
 def rope_kernel(x, cos, sin):
     """Apply rotary embeddings to x; see the module docstring."""
-    name = "rope_kernel"
+    return _stream("rope_kernel", x, cos, sin, _rotate)
+
+
+@nki.jit
+def rope_backward_kernel(g, cos, sin):
+    """The gradient of rope_kernel's x, given the gradient g of its result; see the module docstring."""
+    return _stream("rope_backward_kernel", g, cos, sin, _unrotate)
+
+
+def _stream(name, x, cos, sin, compute):
+    """Check the contract, then run `compute` (_rotate or _unrotate) over the tiles of x and store its results."""
     require(len(x.shape) == 4 and x.shape[3] % 2 == 0, name,
             f"x must be [B, H, S, D] with D even, got {tuple(x.shape)}")
     require_float(name, "x", x)
@@ -47,8 +62,8 @@ def rope_kernel(x, cos, sin):
     group = _group(heads, step, d)
     x_rows = x.reshape((batch, heads, rows, per_row * d))
     out_rows = out.reshape((batch, heads, rows, per_row * d))
-    table_rows = ((batch,) if len(cos.shape) == 3 else (1,)) + (rows, per_row * d)
-    cos_rows, sin_rows = cos.reshape(table_rows), sin.reshape(table_rows)
+    cos_rows, sin_rows = (t.reshape(((batch,) if len(t.shape) == 3 else (1,)) + (rows, per_row * d))
+                          for t in (cos, sin))
     for b0, nb, r0, pr in _blocks(batch, rows):
         for t0 in range(0, per_row, step):
             tokens = min(step, per_row - t0)
@@ -59,7 +74,7 @@ def rope_kernel(x, cos, sin):
                 g = min(group, heads - h0)
                 xt = nl.ndarray((PMAX, g, tokens * d), dtype=x.dtype, buffer=nl.sbuf)
                 nisa.dma_copy(dst=xt[0 : nb * pr], src=_heads(x_rows, b0, nb, h0, g, r0, pr, cols))
-                y = _rotate(xt, c, s, nb * pr, g, tokens, d)
+                y = compute(xt, c, s, nb * pr, g, tokens, d)
                 nisa.dma_copy(dst=_heads(out_rows, b0, nb, h0, g, r0, pr, cols), src=y[0 : nb * pr])
     return out
 
@@ -138,4 +153,24 @@ def _rotate(xt, c, s, pr, g, tokens, d):
     nisa.tensor_tensor(dst=y4[:, :, :, lo], data1=straight[0:pr, :, :, lo], data2=rotated[0:pr, :, :, lo],
                        op=nl.subtract)
     nisa.tensor_tensor(dst=y4[:, :, :, hi], data1=straight[0:pr, :, :, hi], data2=rotated[0:pr, :, :, hi], op=nl.add)
+    return y
+
+
+def _unrotate(gt, c, s, pr, g, tokens, d):
+    """dx = Rᵀ(g*sin) + g*cos over [pr, g heads, tokens, d] views, as autograd computes it: a = g*sin and
+    b = g*cos rounded to g's dtype, then dx[:D/2] = a[D/2:] + b[:D/2] and dx[D/2:] = b[D/2:] - a[:D/2]."""
+    half = d // 2
+    g4 = gt.reshape((PMAX, g, tokens, d))[0:pr]
+    c4, s4 = (t.reshape((PMAX, 1, tokens, d))[0:pr].broadcast(1, g) for t in (c, s))
+    rotated = nl.ndarray((PMAX, g, tokens, d), dtype=gt.dtype, buffer=nl.sbuf)
+    straight = nl.ndarray((PMAX, g, tokens, d), dtype=gt.dtype, buffer=nl.sbuf)
+    y = nl.ndarray((PMAX, g, tokens * d), dtype=gt.dtype, buffer=nl.sbuf)
+    y4 = y.reshape((PMAX, g, tokens, d))[0:pr]
+    lo, hi = slice(0, half), slice(half, d)
+    nisa.tensor_tensor(dst=rotated[0:pr], data1=g4, data2=s4, op=nl.multiply, engine=nisa.engine.gpsimd)
+    nisa.tensor_tensor(dst=straight[0:pr], data1=g4, data2=c4, op=nl.multiply)
+    nisa.tensor_tensor(dst=y4[:, :, :, lo], data1=rotated[0:pr, :, :, hi], data2=straight[0:pr, :, :, lo],
+                       op=nl.add)
+    nisa.tensor_tensor(dst=y4[:, :, :, hi], data1=straight[0:pr, :, :, hi], data2=rotated[0:pr, :, :, lo],
+                       op=nl.subtract)
     return y

@@ -13,6 +13,7 @@ from neuron_dynamo.lowering import lower_region, views
 from neuron_dynamo.lowering.codegen import GroupSpec, Ref, Step
 from neuron_dynamo.lowering.generated import FusedKernel
 from neuron_dynamo.output_layout import EagerLayout
+from neuron_dynamo.toolchain.simulator import device_time
 
 aten = torch.ops.aten
 STRICT = {"target": "simulator", "fallback": "error", "cache": "off"}
@@ -116,3 +117,43 @@ def test_a_transpose_of_a_transpose_is_its_source_unless_that_would_return_it_tw
                                  theirs if isinstance(theirs, tuple) else [theirs], strict=True):
             torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
             assert got.stride() == expected.stride()
+
+
+def test_a_group_without_inputs_runs_once_and_hands_out_copies():
+    """Creation ops and arithmetic on them are constants (a compiler folds them): the kernel runs at the first call
+    only, and every call gets tensors of its own (a caller writing into one changes no later result)."""
+
+    def fn(x):
+        table = torch.arange(8.0).reshape(8, 1) * torch.full((8, 8), 0.5).exp()
+        return x @ table, torch.full((4,), 3.0).exp()
+
+    x = torch.randn(3, 8)
+    lowered = lower_region(make_fx(fn)(x), "simulator")
+    with device_time() as first_call:
+        first = lowered(x)
+    first[1].add_(1.0)
+    with device_time() as second_call:
+        second = lowered(x)
+    assert second_call.kernels == first_call.kernels - 2  # the two constant groups ran at the first call only
+    for ours, theirs in zip(second, fn(x), strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
+
+
+def test_a_cat_of_one_tensor_and_empties_moves_nothing_when_the_tensor_lies_as_the_result():
+    """A KV cache's first update is cat([empty, x]): a kernel's fresh output already is the result (no cat launch),
+    a strided view is copied into the result's layout by the cat kernel, and an input is never handed back as an
+    output of its own."""
+    x, w = torch.randn(6, 4), torch.randn(4, 6)
+    cases = [  # (fn, launches: the mm, the cat if any, the product)
+        (lambda x, w: torch.cat([torch.tensor([]), torch.mm(x, w)], -2) * 2, 2),
+        (lambda x, w: torch.cat([torch.tensor([]), torch.mm(x, w).t()], -2) * 2, 3),
+        (lambda x, w: torch.cat([torch.tensor([]), x], -2), 1),
+    ]
+    for fn, launches in cases:
+        lowered = lower_region(make_fx(fn)(x, w), "simulator")
+        with device_time() as spent:
+            ours = lowered(x, w)
+        expected = fn(x, w)
+        torch.testing.assert_close(ours, expected, rtol=1e-5, atol=1e-5)
+        assert ours.stride() == expected.stride() and ours.data_ptr() != x.data_ptr()
+        assert spent.kernels == launches

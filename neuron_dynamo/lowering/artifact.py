@@ -30,7 +30,7 @@ import torch.fx as fx
 
 from neuron_dynamo.errors import NeuronDynamoError
 from neuron_dynamo.lowering.codegen import GroupSpec, Ref, Step, emitter_for
-from neuron_dynamo.lowering.generated import FusedKernel, match_strides
+from neuron_dynamo.lowering.generated import FusedKernel, match_strides, sole_input
 from neuron_dynamo.lowering.patterns import PATTERN_KERNELS, PatternKernel
 from neuron_dynamo.lowering.registry import Kernel, kernel_for, op_name
 
@@ -49,6 +49,7 @@ _FUNCTIONS: dict[str, Any] = {
     **{f"torch.{name}": getattr(torch, name) for name in (
         "sym_int", "sym_float", "sym_max", "sym_min", "sym_not", "sym_ite", "sym_sqrt")},
     "neuron_dynamo.match_strides": match_strides,
+    "neuron_dynamo.sole_input": sole_input,
 }
 _FUNCTION_NAMES = {id(fn): name for name, fn in _FUNCTIONS.items()}
 _TORCH_TYPES = {"dtype": torch.dtype, "memory_format": torch.memory_format, "layout": torch.layout}

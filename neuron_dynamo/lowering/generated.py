@@ -48,8 +48,19 @@ class FusedKernel:
         # The kernel's results are the group's outputs as they are unless a dtype is stored as another, the shape
         # is 0-dim, or no input is a tensor (a kernel called without tensors returns NumPy arrays).
         self.as_returned = bool(spec.inputs) and bool(self.shape) and not STORED_AS_OTHER.intersection(self.out_dtypes)
+        # A group without inputs (creation ops and arithmetic on them: iotas, masks, zeros) computes constants, which
+        # a compiler folds: the kernel runs once and later calls get copies of its results.
+        self.constants: tuple[torch.Tensor, ...] | None = None
 
     def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if self.constants is not None:
+            return tuple([c.clone() for c in self.constants])
+        if not inputs:
+            self.constants = self._run(inputs)
+            return tuple([c.clone() for c in self.constants])
+        return self._run(inputs)
+
+    def _run(self, inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
         shape = self.shape
         if self.rows * self.cols == 0:
             return tuple(torch.empty(shape, dtype=dtype) for dtype in self.out_dtypes)
@@ -149,6 +160,9 @@ def lower_graph(region: fx.GraphModule, target: str) -> fx.GraphModule:
             graph.erase_node(env[node.args[0]])  # t(t(x)) is x: no view to make (and none to copy as an output)
             env[node] = env[source]
             folded.add(node)
+        elif (source := _sole_input(node)) is not None:
+            env[node] = graph.call_function(sole_input, (env[source], tuple(node.meta["val"].stride()), target))
+            env[node].meta = dict(node.meta)
         else:
             if group and any(arg in group for arg in node.all_input_nodes):
                 close_group()
@@ -173,6 +187,32 @@ def _transposed_back(node: fx.Node) -> fx.Node | None:
             source.op == "placeholder" or any(user.op == "output" for user in source.users)):
         return None
     return source
+
+
+def _sole_input(node: fx.Node) -> fx.Node | None:
+    """x when `node` concatenates x with empty tensors only (a KV cache's first update, cat([empty, x])), in the
+    cat's shape and dtype, and x may stand for the result (see `_transposed_back`)."""
+    value = node.meta.get("val")
+    if not (node.op == "call_function" and node.target is aten.cat.default and isinstance(value, torch.Tensor)):
+        return None
+    filled = [t for t in node.args[0] if not (isinstance(t, fx.Node) and isinstance(t.meta.get("val"), torch.Tensor)
+                                              and not t.meta["val"].numel())]
+    if len(filled) != 1 or not isinstance(filled[0], fx.Node):
+        return None
+    source = filled[0]
+    if (source.meta["val"].shape, source.meta["val"].dtype) != (value.shape, value.dtype) or (
+            any(user.op == "output" for user in node.users)
+            and (source.op == "placeholder" or any(user.op == "output" for user in source.users))):
+        return None
+    return source
+
+
+def sole_input(x: torch.Tensor, stride: tuple[int, ...], target: str) -> torch.Tensor:
+    """cat([empty..., x]) on `target`: x itself when it already lies as the result would (a library kernel's fresh
+    output): nothing to move; else the target's cat kernel copies it into that layout."""
+    if x.stride() == stride or x.numel() <= 1:
+        return x
+    return kernel_for(aten.cat.default, target).for_overload(aten.cat.default)([x], 0)
 
 
 def match_strides(value: torch.Tensor, stride: tuple[int, ...]) -> torch.Tensor:

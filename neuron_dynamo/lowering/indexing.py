@@ -10,9 +10,12 @@ so larger sources are refused; an index out of range raises (as torch does) rath
 An index write (`index_put`, `scatter*`, `index_reduce`, `put`) combines rows of values into rows of a base
 [R, C]: the one-hot comparison of the destination rows against an iota of R says which values land where.
 Overwriting takes the last value of each row by a max over the one-hot (then an indirect-DMA gather of it);
-a sum is a one-hot matmul on TensorE in fp32, with the non-finite values counted apart (a one-hot *product*
-would turn every 0 · inf into NaN); amax/amin reduce a [R, J, C] `where`. Duplicate indices overwrite in an
-order torch leaves undefined; they add exactly (up to the fp32 order of additions).
+a sum or mean is one launch of the library's `kernels.scatter` (a one-hot matmul on TensorE in fp32, with the
+non-finite values counted apart: a one-hot *product* would turn every 0 · inf into NaN); amax/amin reduce a
+[R, J, C] `where`. Duplicate indices overwrite in an order torch leaves undefined; they add exactly (up to the
+fp32 order of additions). A single index tensor is its own row number: the writes wrap its negative entries.
+The embedding backward (`embedding_dense_backward`, kept whole) is one launch of `kernels.scatter`'s
+`embedding_backward_kernel`, the same one-hot matmul from zeros.
 
 A constant pad is a memset of the border and one DMA of the source into the middle, one padded dim at a time;
 a negative pad (a crop) is a view of the source.
@@ -185,6 +188,27 @@ def embedding(op, weight, indices, padding_idx=-1, scale_grad_by_freq=False, spa
     return _gather_rows(weight, indices.reshape(-1)).reshape(*indices.shape, weight.shape[1])
 
 
+def _embedding_backward_refusal(node: fx.Node) -> str | None:
+    grad, ids, num_weights = node.args[0].meta["val"], node.args[1].meta["val"], node.args[2]
+    if grad.dtype not in codegen.FLOAT_DTYPES or ids.dtype not in INDEX_DTYPES:
+        return f"an embedding backward of {grad.dtype} gradients or {ids.dtype} ids"
+    if num_weights * ids.numel() > ONE_HOT_LIMIT:
+        return "an embedding backward whose one-hot comparison would exceed 2**24 elements"
+    return None
+
+
+@lowers(aten.embedding_dense_backward, family="views", target="simulator", accepts=_embedding_backward_refusal)
+def embedding_dense_backward(op, grad, ids, num_weights, padding_idx, scale_grad_by_freq):
+    """The library's `embedding_backward_kernel`: one launch, where torch's decomposition takes masks, a fill, a
+    clamp and an index_put (and for scale_grad_by_freq an integer index write of the counts)."""
+    from neuron_dynamo.kernels.scatter import embedding_backward_kernel
+
+    rows = codegen.to_device(ids.reshape(-1).contiguous())  # a 0-dim id as one row
+    out = launch(embedding_backward_kernel, grad.contiguous().reshape(rows.numel(), grad.shape[-1]), rows,
+                 num_weights, padding_idx, scale_grad_by_freq)
+    return codegen.from_device(out, grad.dtype)
+
+
 def _flip_refusal(node: fx.Node) -> str | None:
     return _source_refusal(node.args[0].meta["val"])
 
@@ -233,11 +257,23 @@ def gather(op, x, dim, index, sparse_grad=False):
 
 
 # ------------------------------------------------------------------------------------------------ index writes
+def _wrapped(rows: torch.Tensor, rows_count: int) -> torch.Tensor:
+    return torch.where(rows < 0, rows + rows_count, rows)
+
+
+def _write_rows(tensors: Sequence[torch.Tensor], sizes: Sequence[int]) -> torch.Tensor:
+    """The row of [prod(sizes), ...] each broadcast combination of `tensors` writes, for `scatter_rows`: one index
+    tensor is its row number as it is (no launch; the writes wrap it), several are combined by `_row_offsets`."""
+    if len(tensors) == 1:
+        return tensors[0].reshape(-1)
+    return _row_offsets(tensors, sizes).reshape(-1)
+
+
 def _put_rows(rows_count: int, count: int):
     """base[rows[j]] = values[j]: the last j hitting each row (a max over the one-hot), gathered by DMA."""
 
     def put(base: torch.Tensor, rows: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-        hits = rows.reshape(1, count) == torch.arange(rows_count).reshape(rows_count, 1)
+        hits = _wrapped(rows, rows_count).reshape(1, count) == torch.arange(rows_count).reshape(rows_count, 1)
         last = torch.where(hits, torch.arange(count, dtype=torch.float32), -1.0).amax(1)
         picked = torch.ops.aten.embedding(values, last.clamp_min(0).to(torch.int32))
         return torch.where((last >= 0).reshape(rows_count, 1), picked, base)
@@ -245,40 +281,12 @@ def _put_rows(rows_count: int, count: int):
     return put
 
 
-def _add_rows(rows_count: int, count: int, cols: int, mean: bool, include_self: bool):
-    """base[rows[j]] += values[j] as a one-hot matmul in fp32; the +inf, -inf and NaN values are counted by the
-    same matmul and put back by `where`, so a 0 · inf never reaches a row the value does not land in."""
-    inf = math.inf
-
-    def add(base: torch.Tensor, rows: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-        one_hot = (rows.reshape(count, 1) == torch.arange(rows_count)).to(torch.float32)
-        values = values.to(torch.float32)
-        parts = torch.cat([torch.where(values.abs() < inf, values, 0.0), (values == inf).to(torch.float32),
-                           (values == -inf).to(torch.float32), (values != values).to(torch.float32),
-                           torch.ones(count, 1)], 1)
-        sums = one_hot.t() @ parts
-        finite, positive, negative, nan = (sums[:, k * cols:(k + 1) * cols] for k in range(4))
-        hits = sums[:, 4 * cols:]
-        start = base.to(torch.float32)
-        if not include_self:
-            start = torch.where(hits > 0, 0.0, start)
-        total = start + finite
-        total = torch.where(positive > 0, total + inf, total)
-        total = torch.where(negative > 0, total - inf, total)
-        total = torch.where(nan > 0, math.nan, total)
-        if mean:
-            total = total / torch.where(hits > 0, hits + int(include_self), 1.0)
-        return total.to(base.dtype)
-
-    return add
-
-
 def _extreme_rows(rows_count: int, count: int, cols: int, largest: bool, include_self: bool):
     """base[rows[j]] = max(base[rows[j]], values[j]) (or min) as a reduction over a [R, J, C] `where`."""
     fill = -math.inf if largest else math.inf
 
     def extreme(base: torch.Tensor, rows: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-        hits = rows.reshape(1, count, 1) == torch.arange(rows_count).reshape(rows_count, 1, 1)
+        hits = _wrapped(rows, rows_count).reshape(1, count, 1) == torch.arange(rows_count).reshape(rows_count, 1, 1)
         candidates = torch.where(hits, values.reshape(1, count, cols), fill)
         reduced = candidates.amax(1) if largest else candidates.amin(1)
         if include_self:
@@ -291,16 +299,21 @@ def _extreme_rows(rows_count: int, count: int, cols: int, largest: bool, include
 
 def scatter_rows(base: torch.Tensor, rows: torch.Tensor, values: torch.Tensor, reduce: str = "set",
                  include_self: bool = True) -> torch.Tensor:
-    """base [R, C] with values [J, C] written to (or combined into) rows `rows` [J] (wrapped, in range)."""
+    """base [R, C] with values [J, C] written to (or combined into) rows `rows` [J] (in [-R, R), checked by the
+    callers; negative ones count from the end). A sum or mean is the library kernel, whose contract covers every
+    write `_write_refusal` lets through (a float base of < 2**24 elements, values of its dtype)."""
+    from neuron_dynamo.kernels.scatter import scatter_add_kernel
     from neuron_dynamo.lowering.generated import run_traced
 
     (rows_count, cols), count = base.shape, rows.numel()
     if base.numel() == 0 or count == 0:
         return base.clone()
+    if reduce in ("sum", "mean"):
+        out = launch(scatter_add_kernel, base.contiguous(), codegen.to_device(rows.reshape(-1).contiguous()),
+                     values.contiguous().reshape(count, cols), include_self, reduce == "mean")
+        return codegen.from_device(out, base.dtype)
     if reduce == "set":
         fn = _put_rows(rows_count, count)
-    elif reduce in ("sum", "mean"):
-        fn = _add_rows(rows_count, count, cols, reduce == "mean", include_self)
     else:
         fn = _extreme_rows(rows_count, count, cols, reduce == "amax", include_self)
     key = f"scatter_rows:{reduce}:{include_self}"
@@ -400,7 +413,7 @@ def index_put(op, x, indices, values, accumulate=False):
     position = _batch_position(dims)
     values = values.expand(rest[:position] + batch + rest[position:])  # the shape of x[indices]
     values = _batch_to_front(values, len(batch), position)
-    rows = _row_offsets(tensors, sizes).reshape(-1)
+    rows = _write_rows(tensors, sizes)
     out = scatter_rows(lead.reshape(math.prod(sizes), math.prod(rest)), rows, values,
                        "sum" if accumulate else "set")
     return out.reshape(lead.shape).permute([order.index(d) for d in range(x.dim())])
@@ -483,9 +496,8 @@ def index_reduce(op, x, dim, index, source, reduce, include_self=True):
     lead = x.movedim(dim, 0)
     if index.numel() == 0 or x.numel() == 0:
         return x.clone()
-    rows = _row_offsets([index.reshape(-1)], [x.shape[dim]])
     values = source.movedim(dim, 0).reshape(index.numel(), -1)
-    out = scatter_rows(lead.reshape(x.shape[dim], -1), rows, values, REDUCTIONS[reduce], include_self)
+    out = scatter_rows(lead.reshape(x.shape[dim], -1), index.reshape(-1), values, REDUCTIONS[reduce], include_self)
     return out.reshape(lead.shape).movedim(0, dim)
 
 
@@ -504,8 +516,7 @@ def put(op, x, index, source, accumulate=False):
     _check_bounds(index, x.numel(), "put")
     if index.numel() == 0 or x.numel() == 0:
         return x.clone()
-    rows = _row_offsets([index.reshape(-1)], [x.numel()])
-    out = scatter_rows(x.reshape(-1, 1), rows, source.reshape(-1, 1), "sum" if accumulate else "set")
+    out = scatter_rows(x.reshape(-1, 1), index.reshape(-1), source.reshape(-1, 1), "sum" if accumulate else "set")
     return out.reshape(x.shape)
 
 

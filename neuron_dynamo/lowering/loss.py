@@ -72,21 +72,13 @@ def _labels(target: torch.Tensor, classes: int, ignore_index: int) -> torch.Tens
 
 
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor, reduction: int, ignore_index: int):
-    """(loss, total_weight, lse) of `nll_loss_forward(log_softmax(logits))` for [N, C] logits, reduction sum/mean."""
-    from neuron_dynamo.kernels.cross_entropy import cross_entropy_kernel
-    from neuron_dynamo.lowering.generated import run_traced
+    """(loss, total_weight, lse) of `nll_loss_forward(log_softmax(logits))` for [N, C] logits, reduction sum/mean:
+    one kernel, which also reduces the rows."""
+    from neuron_dynamo.kernels.cross_entropy import cross_entropy_loss_kernel
 
-    rows, lse = launch(cross_entropy_kernel, logits.contiguous(), _labels(target, logits.shape[1], ignore_index),
-                       ignore_index)
-    dtype = logits.dtype
-
-    def reduce(rows: torch.Tensor, target: torch.Tensor):
-        counted = (target != ignore_index).to(torch.float32).sum()
-        total = rows.sum()
-        return (total / counted if reduction == MEAN else total).to(dtype), counted.to(dtype)
-
-    loss, total_weight = run_traced(f"cross_entropy:{reduction}:{ignore_index}:{dtype}", reduce, [rows, target])
-    return loss, total_weight, lse
+    loss, total_weight, lse = launch(cross_entropy_loss_kernel, logits.contiguous(),
+                                     _labels(target, logits.shape[1], ignore_index), ignore_index, reduction == MEAN)
+    return loss.reshape(()), total_weight.reshape(()), lse
 
 
 def log_softmax_from_lse(logits: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
@@ -101,21 +93,16 @@ def log_softmax_from_lse(logits: torch.Tensor, lse: torch.Tensor) -> torch.Tenso
 
 def cross_entropy_backward(grad: torch.Tensor, log_probs: torch.Tensor, target: torch.Tensor, reduction: int,
                            ignore_index: int, total_weight: torch.Tensor) -> torch.Tensor:
-    """`_log_softmax_backward_data(nll_loss_backward(grad, ...), log_probs)` for [N, C] log-probabilities."""
+    """`_log_softmax_backward_data(nll_loss_backward(grad, ...), log_probs)` for [N, C] log-probabilities: one
+    kernel, which gives each row that counts grad (÷ total_weight for a mean) and the ignored rows 0."""
     from neuron_dynamo.kernels.cross_entropy import cross_entropy_backward_kernel
-    from neuron_dynamo.lowering.generated import run_traced
 
     n = log_probs.shape[0]
-
-    def row_grads(grad: torch.Tensor, target: torch.Tensor, total_weight: torch.Tensor) -> torch.Tensor:
-        per_row = grad.expand(n) / total_weight if reduction == MEAN else grad.expand(n)
-        # ignored rows get 0, not the kernel's 0 · (g / 0) = nan when every label is ignored
-        return torch.where(target != ignore_index, per_row, torch.zeros((), dtype=grad.dtype)).to(torch.float32)
-
-    grads = run_traced(f"cross_entropy_grads:{reduction}:{ignore_index}", row_grads, [grad, target, total_weight])
     zero_lse = torch.zeros(n, dtype=torch.float32)  # log_probs are already normalised: softmax = exp(log_probs - 0)
+    mean = reduction == MEAN
     return launch(cross_entropy_backward_kernel, log_probs.contiguous(),
-                  _labels(target, log_probs.shape[1], ignore_index), zero_lse, grads.contiguous(), ignore_index)
+                  _labels(target, log_probs.shape[1], ignore_index), zero_lse, grad.reshape(1), ignore_index,
+                  "mean" if mean else "sum", total_weight.reshape(1) if mean else None)
 
 
 # The forms the cross-entropy library kernels compute (`patterns` rewrites them; the softmax lowering asks too).

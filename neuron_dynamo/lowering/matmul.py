@@ -52,11 +52,13 @@ def _matmul_kernel():
     return matmul_kernel
 
 
-def run_matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """a @ b (+ bias) on the library kernel; a [M, K] or [B, M, K], b [K, N] or [B, K, N]."""
+def run_matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
+               residual: torch.Tensor | None = None) -> torch.Tensor:
+    """a @ b (+ bias) (+ residual, of the product's shape) on the library kernel; a [M, K] or [B, M, K], b [K, N] or
+    [B, K, N]."""
     a_stored, transpose_a = as_stored(a)
     b_stored, transpose_b = as_stored(b)
-    return launch(_matmul_kernel(), a_stored, b_stored, bias, "none", transpose_a, transpose_b)
+    return launch(_matmul_kernel(), a_stored, b_stored, bias, "none", transpose_a, transpose_b, residual)
 
 
 def _float_operands(node: fx.Node) -> str | None:

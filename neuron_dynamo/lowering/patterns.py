@@ -1,7 +1,8 @@
 """Region-level pattern matching: op chains that one library kernel computes better than fused element-wise code.
 
 AOTAutograd hands the backend decomposed models: Hugging Face's RMSNorm is pow → mean → add → rsqrt → mul → mul,
-SwiGLU is silu(a) · b, rotary embeddings are mul/slice/neg/cat/mul/add, eager attention is bmm → softmax → bmm.
+SwiGLU is silu(a) · b, rotary embeddings are mul/slice/neg/cat/mul/add (their gradient mul/slice/neg/pad/add),
+eager attention is bmm → softmax → bmm.
 Before fusion, `rewrite` replaces each such chain, when its intermediate values are not needed elsewhere (a
 training forward saves some of them for the backward, and then the chain stays as fused generated code), by one
 call to the library kernel.
@@ -19,7 +20,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from neuron_dynamo.lowering import codegen, loss
+from neuron_dynamo.lowering import codegen, loss, rmsnorm_backward
 from neuron_dynamo.lowering.matching import is_call, private, val
 from neuron_dynamo.lowering.registry import holds_empty_tensor
 from neuron_dynamo.toolchain.simulator import launch
@@ -57,6 +58,14 @@ def _rmsnorm_saved(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[t
     return y.reshape(x.shape), xhat.reshape(x.shape), rstd.reshape(*x.shape[:-1], 1)
 
 
+def _matmul_add(a: torch.Tensor, b: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """a @ b + residual, the sum taken by the matmul kernel on the product's way out of PSUM."""
+    from neuron_dynamo.lowering.matmul import run_matmul
+
+    product = run_matmul(a, b, residual=residual.reshape(a.shape[0], b.shape[1]))
+    return product.reshape(residual.shape)
+
+
 def _silu_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     from neuron_dynamo.kernels.activations import gated_activation_kernel
 
@@ -69,6 +78,14 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     if cos.shape[0] != x.shape[0]:  # one table for the whole batch: the kernel's [S, D] form
         cos, sin = cos[0], sin[0]
     return launch(rope_kernel, x.contiguous(), cos.contiguous(), sin.contiguous())
+
+
+def _rope_backward(g: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The gradient of rope's x; cos/sin [B or 1, 1, S, D] as the graph broadcasts them over the heads."""
+    from neuron_dynamo.kernels.rope import rope_backward_kernel
+
+    cos, sin = (t[:, 0] if t.shape[0] == g.shape[0] else t[0, 0] for t in (cos, sin))
+    return launch(rope_backward_kernel, g.contiguous(), cos.contiguous(), sin.contiguous())
 
 
 def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float):
@@ -89,8 +106,10 @@ def _attention_chain(q, k, v, mask, scale):
 
 PATTERN_KERNELS = {kernel.__name__: kernel for kernel in (
     PatternKernel("rmsnorm_kernel", _rmsnorm), PatternKernel("rmsnorm_saved_kernel", _rmsnorm_saved),
-    PatternKernel("silu_mul_kernel", _silu_mul),
-    PatternKernel("rope_kernel", _rope), PatternKernel("attention_kernel", _attention),
+    PatternKernel("rmsnorm_backward_kernel", rmsnorm_backward.run),
+    PatternKernel("silu_mul_kernel", _silu_mul), PatternKernel("matmul_add_kernel", _matmul_add),
+    PatternKernel("rope_kernel", _rope), PatternKernel("rope_backward_kernel", _rope_backward),
+    PatternKernel("attention_kernel", _attention),
     PatternKernel("cross_entropy_kernel", loss.cross_entropy),
     PatternKernel("log_softmax_from_lse", loss.log_softmax_from_lse),
     PatternKernel("cross_entropy_backward_kernel", loss.cross_entropy_backward),
@@ -161,6 +180,52 @@ def _replace_saved_rmsnorm(graph: fx.Graph, chain: tuple, args: tuple) -> None:
     _restore_topological_order(graph)  # readers of the rsqrt that came before the norm's end now follow the call
 
 
+def _match_rmsnorm_backward(graph: fx.Graph, last: fx.Node) -> bool:
+    """An RMSNorm's backward ending in `last` (see `rmsnorm_backward`) → one kernel call whose (grad_x, grad_w)
+    replace `last` and the weight's gradient. The call goes right after the last of its operands (a region declares
+    its inputs where they are first read), which must come before every reader of the two (else no rewrite)."""
+    chain = rmsnorm_backward.match(last)
+    if chain is None or _empty(last, *chain.operands):
+        return False
+    outputs = (last,) if chain.grad_w is None else (last, chain.grad_w)
+    nodes = list(graph.nodes)
+    order = {node: index for index, node in enumerate(nodes)}
+    after = max(order[operand] for operand in chain.operands if operand is not None)
+    if any(order[user] <= after for node in outputs for user in node.users):
+        return False
+    with graph.inserting_before(nodes[after + 1]):
+        call = graph.call_function(PATTERN_KERNELS["rmsnorm_backward_kernel"], chain.operands)
+        call.meta = dict(last.meta)
+        if chain.grad_w is None:
+            last.replace_all_uses_with(call)
+        else:
+            call.meta["val"] = (val(last), val(chain.grad_w))
+            for index, node in enumerate(outputs):
+                part = graph.call_function(operator.getitem, (call, index))
+                part.meta = dict(node.meta)
+                node.replace_all_uses_with(part)
+    for node in chain.nodes:
+        graph.erase_node(node)
+    return True
+
+
+def _match_matmul_add(graph: fx.Graph, add: fx.Node) -> bool:
+    """add(view(mm(a, b)), residual) → the matmul kernel adding the residual (a residual stream after a projection,
+    or two products summed in a backward): one launch instead of two, the same additions in the same dtype."""
+    if len(add.args) != 2 or add.kwargs:
+        return False
+    for product, residual in (add.args, add.args[::-1]):
+        mm = product.args[0] if is_call(product, aten.view, aten._unsafe_view, aten.reshape) else product
+        if not (is_call(mm, aten.mm) and private(mm) and (product is mm or private(product))):
+            continue
+        out, added, made = val(add), val(residual), val(mm)
+        if (added is None or out is None or added.shape != out.shape or out.numel() != made.numel()
+                or not out.dtype == added.dtype == made.dtype or out.dtype not in codegen.FLOAT_DTYPES):
+            continue
+        return _replace(graph, add, "matmul_add_kernel", (mm.args[0], mm.args[1], residual))
+    return False
+
+
 def _match_silu_mul(graph: fx.Graph, mul: fx.Node) -> bool:
     silu = next((a for a in mul.args[:2] if is_call(a, aten.silu)), None)
     if silu is None or not private(silu):
@@ -214,6 +279,71 @@ def _match_rope(graph: fx.Graph, add: fx.Node) -> bool:
         if val(x).shape[-1] % 2 or val(add).dtype != val(x).dtype:
             continue
         return _replace(graph, add, "rope_kernel", (x, cos, sin))
+    return False
+
+
+def _half_of(node: Any) -> tuple[fx.Node, int] | None:
+    """(z, 0) when `node` is z[..., :D/2], (z, 1) when it is z[..., D/2:] (z 4-D, D even)."""
+    if not (is_call(node, aten.slice) and not node.kwargs):
+        return None
+    z, dim, start, end, step = (*node.args, *(0, None, None, 1)[len(node.args) - 1 :])
+    zv = val(z)
+    if zv is None or zv.dim() != 4 or zv.shape[-1] % 2 or dim not in (3, -1) or step != 1:
+        return None
+    d = zv.shape[-1]
+    if start in (0, None) and end == d // 2:
+        return z, 0
+    return (z, 1) if start == d // 2 and (end is None or end >= d) else None
+
+
+def _transposed_rotation(add: Any) -> fx.Node | None:
+    """z when `add` is Rᵀ(z) = cat(z[..., D/2:], -z[..., :D/2]) (rotate_half's transpose) as autograd writes it:
+    the half z[..., :D/2] negated, each half zero-padded to D, the two added."""
+    if not (is_call(add, aten.add) and len(add.args) == 2 and not add.kwargs):
+        return None
+    halves = {}
+    for pad in add.args:
+        if not (is_call(pad, aten.constant_pad_nd) and (pad.args[2] if len(pad.args) > 2 else 0) == 0):
+            return None
+        negated = is_call(pad.args[0], aten.neg)
+        part = pad.args[0].args[0] if negated else pad.args[0]
+        half = _half_of(part)
+        if half is None or not private(pad, part, pad.args[0]):
+            return None
+        z, which = half
+        h = val(z).shape[-1] // 2
+        if (negated, which, list(pad.args[1])) not in ((True, 0, [h, 0]), (False, 1, [0, h])):
+            return None
+        halves[negated] = z
+    z = halves.get(True)
+    return z if len(halves) == 2 and halves[False] is z and len(z.users) == 2 else None
+
+
+def _head_table(node: Any, g: fx.Node) -> fx.Node | None:
+    """node when it is a cos/sin table [B or 1, 1, S, D] in g's dtype, broadcast over the heads of g [B, H, S, D]."""
+    table, gv = val(node), val(g)
+    ok = (isinstance(table, torch.Tensor) and table.dim() == 4 and table.shape[0] in (1, gv.shape[0])
+          and table.shape[1] == 1 and tuple(table.shape[2:]) == tuple(gv.shape[2:]) and table.dtype == gv.dtype)
+    return node if ok else None
+
+
+def _match_rope_backward(graph: fx.Graph, add: fx.Node) -> bool:
+    """Rᵀ(g · sin) + g · cos, autograd's gradient of rotate-half RoPE (five launches as fused code) → one kernel."""
+    if len(add.args) != 2 or add.kwargs:
+        return False
+    for rotated, direct in (add.args, add.args[::-1]):
+        product = _transposed_rotation(rotated)
+        if not (is_call(product, aten.mul) and is_call(direct, aten.mul) and private(rotated, direct)):
+            continue
+        g = next((a for a in product.args if isinstance(a, fx.Node) and a in direct.args), None)
+        gv = val(g)
+        if not (isinstance(gv, torch.Tensor) and gv.dim() == 4 and gv.dtype in codegen.FLOAT_DTYPES
+                and val(add).dtype == gv.dtype and val(add).shape == gv.shape):
+            continue
+        sin = _head_table(product.args[1] if product.args[0] is g else product.args[0], g)
+        cos = _head_table(direct.args[1] if direct.args[0] is g else direct.args[0], g)
+        if sin is not None and cos is not None:
+            return _replace(graph, add, "rope_backward_kernel", (g, cos, sin))
     return False
 
 
@@ -315,10 +445,16 @@ def rewrite(gm: fx.GraphModule) -> dict[str, int]:
             continue
         if is_call(node, aten.rsqrt) and (norm := _match_rmsnorm(gm.graph, node)):
             found[norm] += 1
+        elif is_call(node, aten.add) and _match_rmsnorm_backward(gm.graph, node):
+            found["rmsnorm_backward_kernel"] += 1
         elif is_call(node, aten.mul) and _match_silu_mul(gm.graph, node):
             found["silu_mul_kernel"] += 1
+        elif is_call(node, aten.add) and _match_matmul_add(gm.graph, node):
+            found["matmul_add_kernel"] += 1
         elif is_call(node, aten.add) and _match_rope(gm.graph, node):
             found["rope_kernel"] += 1
+        elif is_call(node, aten.add) and _match_rope_backward(gm.graph, node):
+            found["rope_backward_kernel"] += 1
         elif is_call(node, aten.bmm) and _match_attention(gm.graph, node):
             found["attention_kernel"] += 1
         elif is_call(node, aten.nll_loss_forward) and _match_cross_entropy(gm.graph, node):

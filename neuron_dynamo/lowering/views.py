@@ -119,7 +119,7 @@ def cat(op, tensors, dim=0):
 
 
 @lowers(aten.scatter, aten.scatter_add, aten.scatter_reduce, aten.index_put, aten.index_reduce, aten.put,
-        aten.masked_scatter, family="views")
+        aten.masked_scatter, aten.embedding_dense_backward, family="views")
 def index_writes(op, *args, **kwargs):
     """Reference kernel: torch writes; on device these are one-hot comparisons, matmuls and DMA (`indexing`)."""
     return op(*args, **kwargs)

@@ -81,3 +81,18 @@ def test_matmul_full_size_tiles_fit_on_chip():
     out, profile = matmul_kernel.profile(a, b)
     assert_close(out, reference(a, b), torch.bfloat16)
     assert profile.instructions["nc_matmul"] == 2 * 32 * 4  # M tiles x K tiles x PSUM banks
+
+
+@pytest.mark.parametrize("dtype", (*DTYPES, torch.float16))
+@pytest.mark.parametrize("m, k, n, batch", [(128, 64, 64, None), (200, 3000, 70, None), (60, 40, 600, 3)])
+def test_matmul_adds_a_residual_as_eager_adds_two_tensors(dtype, m, k, n, batch):
+    """C = A @ B + residual: the product is cast to the dtype and the residual added in that dtype, as eager's
+    `mm(a, b) + r` (a long K goes through the partial sums first; a batch adds each item's own residual)."""
+    lead = () if batch is None else (batch,)
+    a, w = randn(*lead, m, k, dtype=dtype, seed=m), randn(n, k, dtype=dtype, seed=k, scale=0.1)
+    residual = randn(*lead, m, n, dtype=dtype, seed=n)
+    out = matmul_kernel(a, w, None, "none", False, True, residual)
+    expected = reference(a, w, transpose_b=True) + residual
+    assert_close(out, expected, dtype)
+    with pytest.raises(Exception, match="residual"):
+        matmul_kernel(a, w, None, "none", False, True, residual[..., :-1])

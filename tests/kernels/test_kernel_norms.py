@@ -1,12 +1,13 @@
 """rmsnorm_kernel, rmsnorm_saved_kernel and layernorm_kernel against torch: ragged rows and widths, long rows,
-optional parameters."""
+optional parameters; rmsnorm_backward_kernel against autograd through Hugging Face's LlamaRMSNorm."""
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kernel_checks import DTYPES, assert_close, randn
-from neuron_dynamo.kernels.norms import layernorm_kernel, rmsnorm_kernel, rmsnorm_saved_kernel
+from neuron_dynamo.kernels.norms import layernorm_kernel, rmsnorm_backward_kernel, rmsnorm_kernel, rmsnorm_saved_kernel
+from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 
 def rms_reference(x, weight, eps):
@@ -60,3 +61,44 @@ def test_saved_rmsnorm_returns_what_a_training_forward_saves(rows, d, dtype):
     assert_close(rstd.reshape(2, rows, 1), want_rstd, dtype)
     assert_close(xhat, want_xhat, dtype)
     assert_close(y, weight * want_xhat, dtype)
+
+
+def hf_gradients(x, weight, grad, eps=1e-6):
+    """x's and the weight's gradients through Hugging Face's LlamaRMSNorm by autograd, and what its training
+    forward saves for them: x and rstd as it computes them (in fp32), x̂ in x's dtype."""
+    norm = LlamaRMSNorm(x.shape[-1], eps).to(x.dtype)
+    with torch.no_grad():
+        norm.weight.copy_(weight)
+    x = x.clone().requires_grad_()
+    norm(x).backward(grad)
+    x32 = x.detach().float()
+    rstd = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return x.grad, norm.weight.grad, (x32, rstd, (x32 * rstd).to(x.dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rows, d, residual", [(200, 64, True), (3, 5000, False)])
+def test_rmsnorm_backward_gives_hugging_face_gradients(dtype, rows, d, residual):
+    """Ragged row tiles (grad_w accumulates over two) and long rows (two chunks), with and without the residual
+    stream's gradient; x and rstd in fp32 as Hugging Face's half-precision norm keeps them."""
+    x, weight = randn(2, rows, d, dtype=dtype, seed=rows, scale=3.0), randn(d, dtype=dtype, seed=1)
+    grad = randn(2, rows, d, dtype=dtype, seed=2)
+    want_x, want_w, (x32, rstd, xhat) = hf_gradients(x, weight, grad)
+    res = randn(2, rows, d, seed=3) if residual else None
+    grad_x, grad_w = rmsnorm_backward_kernel(grad, x32, rstd, weight, xhat, res)
+    assert grad_x.dtype == torch.float32 and grad_w.dtype == dtype
+    assert_close(grad_x.to(dtype), want_x.float() + (res if residual else 0), dtype)
+    assert_close(grad_w, want_w, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_rmsnorm_backward_in_one_dtype_and_without_weight_gradient(dtype):
+    """x and rstd in grad's dtype (a norm that does not upcast) give grad_x in that dtype; without x̂ (a frozen
+    weight) the kernel returns grad_x alone, the same values."""
+    x, weight, grad = randn(70, 96, dtype=dtype, seed=4, scale=2.0), randn(96, dtype=dtype, seed=5), randn(
+        70, 96, dtype=dtype, seed=6)
+    want_x, want_w, (x32, rstd, xhat) = hf_gradients(x, weight, grad)
+    grad_x, grad_w = rmsnorm_backward_kernel(grad, x, rstd.to(dtype), weight, xhat)
+    assert_close(grad_x, want_x, dtype)
+    assert_close(grad_w, want_w, dtype)
+    assert torch.equal(rmsnorm_backward_kernel(grad, x, rstd.to(dtype), weight), grad_x)
