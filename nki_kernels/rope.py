@@ -136,15 +136,8 @@ def _load_table(v, b0, nb, r0, pr, cols):
 
 def _rotate(xt, c, s, pr, g, tokens, d):
     """y = x*cos + rotate_half(x)*sin over [pr, g heads, tokens, d] views (cos/sin repeated over the heads)."""
-    half = d // 2
+    x4, c4, s4, straight, rotated, y, y4, lo, hi = _tile_views(xt, c, s, pr, g, tokens, d)
     gp = nisa.engine.gpsimd
-    x4 = xt.reshape((PMAX, g, tokens, d))[0:pr]
-    c4, s4 = (t.reshape((PMAX, 1, tokens, d))[0:pr].broadcast(1, g) for t in (c, s))
-    straight = nl.ndarray((PMAX, g, tokens, d), dtype=xt.dtype, buffer=nl.sbuf)
-    rotated = nl.ndarray((PMAX, g, tokens, d), dtype=xt.dtype, buffer=nl.sbuf)
-    y = nl.ndarray((PMAX, g, tokens * d), dtype=xt.dtype, buffer=nl.sbuf)
-    y4 = y.reshape((PMAX, g, tokens, d))[0:pr]
-    lo, hi = slice(0, half), slice(half, d)
     nisa.tensor_tensor(dst=straight[0:pr], data1=x4, data2=c4, op=nl.multiply)
     nisa.tensor_tensor(dst=rotated[0:pr, :, :, lo], data1=x4[:, :, :, hi], data2=s4[:, :, :, lo], op=nl.multiply,
                        engine=gp)
@@ -159,14 +152,7 @@ def _rotate(xt, c, s, pr, g, tokens, d):
 def _unrotate(gt, c, s, pr, g, tokens, d):
     """dx = Rᵀ(g*sin) + g*cos over [pr, g heads, tokens, d] views, as autograd computes it: a = g*sin and
     b = g*cos rounded to g's dtype, then dx[:D/2] = a[D/2:] + b[:D/2] and dx[D/2:] = b[D/2:] - a[:D/2]."""
-    half = d // 2
-    g4 = gt.reshape((PMAX, g, tokens, d))[0:pr]
-    c4, s4 = (t.reshape((PMAX, 1, tokens, d))[0:pr].broadcast(1, g) for t in (c, s))
-    rotated = nl.ndarray((PMAX, g, tokens, d), dtype=gt.dtype, buffer=nl.sbuf)
-    straight = nl.ndarray((PMAX, g, tokens, d), dtype=gt.dtype, buffer=nl.sbuf)
-    y = nl.ndarray((PMAX, g, tokens * d), dtype=gt.dtype, buffer=nl.sbuf)
-    y4 = y.reshape((PMAX, g, tokens, d))[0:pr]
-    lo, hi = slice(0, half), slice(half, d)
+    g4, c4, s4, straight, rotated, y, y4, lo, hi = _tile_views(gt, c, s, pr, g, tokens, d)
     nisa.tensor_tensor(dst=rotated[0:pr], data1=g4, data2=s4, op=nl.multiply, engine=nisa.engine.gpsimd)
     nisa.tensor_tensor(dst=straight[0:pr], data1=g4, data2=c4, op=nl.multiply)
     nisa.tensor_tensor(dst=y4[:, :, :, lo], data1=rotated[0:pr, :, :, hi], data2=straight[0:pr, :, :, lo],
@@ -174,3 +160,15 @@ def _unrotate(gt, c, s, pr, g, tokens, d):
     nisa.tensor_tensor(dst=y4[:, :, :, hi], data1=straight[0:pr, :, :, hi], data2=rotated[0:pr, :, :, lo],
                        op=nl.subtract)
     return y
+
+
+def _tile_views(xt, c, s, pr, g, tokens, d):
+    """A tile's [pr, g, tokens, d] view, cos/sin repeated over the heads, the two product tiles, the result tile
+    and its 4-D view, and the slices of the two halves."""
+    x4 = xt.reshape((PMAX, g, tokens, d))[0:pr]
+    c4, s4 = (t.reshape((PMAX, 1, tokens, d))[0:pr].broadcast(1, g) for t in (c, s))
+    straight = nl.ndarray((PMAX, g, tokens, d), dtype=xt.dtype, buffer=nl.sbuf)
+    rotated = nl.ndarray((PMAX, g, tokens, d), dtype=xt.dtype, buffer=nl.sbuf)
+    y = nl.ndarray((PMAX, g, tokens * d), dtype=xt.dtype, buffer=nl.sbuf)
+    half = d // 2
+    return x4, c4, s4, straight, rotated, y, y.reshape((PMAX, g, tokens, d))[0:pr], slice(0, half), slice(half, d)

@@ -144,10 +144,11 @@ def test_a_cat_of_one_tensor_and_empties_moves_nothing_when_the_tensor_lies_as_t
     a strided view is copied into the result's layout by the cat kernel, and an input is never handed back as an
     output of its own."""
     x, w = torch.randn(6, 4), torch.randn(4, 6)
-    cases = [  # (fn, launches: the mm, the cat if any, the product)
+    cases = [  # (fn, launches: the mm or the fused group, the cat if any, the product)
         (lambda x, w: torch.cat([torch.tensor([]), torch.mm(x, w)], -2) * 2, 2),
         (lambda x, w: torch.cat([torch.tensor([]), torch.mm(x, w).t()], -2) * 2, 3),
         (lambda x, w: torch.cat([torch.tensor([]), x], -2), 1),
+        (lambda x, w: torch.cat([torch.tensor([]), x * 3], -2) + x, 2),  # x * 3 is fused code still open
     ]
     for fn, launches in cases:
         lowered = lower_region(make_fx(fn)(x, w), "simulator")

@@ -4,10 +4,13 @@ Walking a graph in order, element-wise and creation nodes of one output shape jo
 reads a group member closes it (so the group never waits on something that waits on it), and so does an
 element-wise node of another shape. Nodes that are independent of the open group are emitted as they come, before
 the group's kernel call. Each closed group becomes one `FusedKernel` (generated NKI source) returning the members
-the rest of the graph reads; every other node calls its op's kernel for the target.
+the rest of the graph reads (a group without inputs is a constant: its kernel runs at the first call only); every
+other node calls its op's kernel for the target, except what needs no data moved: t(t(x)) is x, and so is a cat of
+x with empty tensors when x already lies as the result would (`sole_input`).
 
 The op-family modules build on this layer: a lone element-wise call runs as `run_single`, and ops best written as
-other ops (a one-hot matmul for an index accumulation) run as `run_traced`/`run_decomposed` graphs.
+other ops (a one-hot comparison for an overwriting index write, the moments of a variance) run as
+`run_traced`/`run_decomposed` graphs.
 """
 
 from __future__ import annotations
@@ -161,6 +164,8 @@ def lower_graph(region: fx.GraphModule, target: str) -> fx.GraphModule:
             env[node] = env[source]
             folded.add(node)
         elif (source := _sole_input(node)) is not None:
+            if source in group:
+                close_group()
             env[node] = graph.call_function(sole_input, (env[source], tuple(node.meta["val"].stride()), target))
             env[node].meta = dict(node.meta)
         else:
@@ -270,7 +275,7 @@ def run_traced(name: str, fn: Any, tensors: list[torch.Tensor], target: str = "s
     """Run the torch function `fn(*tensors)` as NKI kernels: traced once per shape, lowered like any region.
 
     For ops best expressed by other ops the NKI targets already lower (a one-hot comparison for an index gather,
-    a one-hot matmul for an index accumulation), the lowering is written as plain torch code.
+    the moments of a variance), the lowering is written as plain torch code.
     """
     from torch.fx.experimental.proxy_tensor import make_fx
 
