@@ -28,7 +28,7 @@ import torch.fx as fx
 import torch.nn.functional as F
 
 from neuron_dynamo import counters
-from neuron_dynamo.lowering.attention_packing import MASKED, TILE, additive, plan
+from neuron_dynamo.lowering.attention_packing import MASKED, TILE, additive, grow, plan
 from neuron_dynamo.lowering.registry import lowers
 from neuron_dynamo.toolchain.simulator import launch
 
@@ -90,7 +90,8 @@ def _padded(size: int) -> int:
 
 
 def _pad_seq(x: torch.Tensor, to: int) -> torch.Tensor:
-    return x if x.shape[-2] == to else F.pad(x, (0, 0, 0, to - x.shape[-2]))
+    """x with zero rows appended along the sequence dim (-2) up to `to`."""
+    return grow(x, x.dim() - 2, to)
 
 
 def _mask(mask, q, sq, sk, sqp, skp):

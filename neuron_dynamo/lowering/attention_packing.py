@@ -53,15 +53,15 @@ class Packing:
         if self.full_tiles:  # nothing to pad: the rows in order are the tiles
             return x.reshape(self.tiles, 1, TILE, *x.shape[3:]).contiguous()
         x = self._units(x).reshape(self.tiles, self.per_tile * self.unit_rows, *x.shape[3:])
-        return _grow(x, 1, TILE).unsqueeze(1).contiguous()
+        return grow(x, 1, TILE).unsqueeze(1).contiguous()
 
     def keys(self, x: torch.Tensor) -> torch.Tensor:
         """[B, Hkv, Sk, D] → [tiles, 1, width, D]: each kv head once per unit that reads it."""
         b, hkv, sk, d = x.shape
         x = x.unsqueeze(2).expand(b, hkv, self.units // (b * hkv), sk, d)
         if self.units != self.tiles * self.per_tile:
-            x = _grow(x.reshape(self.units, sk, d), 0, self.tiles * self.per_tile)
-        return _grow(x.reshape(self.tiles, 1, self.per_tile * sk, d), 2, self.width).contiguous()
+            x = grow(x.reshape(self.units, sk, d), 0, self.tiles * self.per_tile)
+        return grow(x.reshape(self.tiles, 1, self.per_tile * sk, d), 2, self.width).contiguous()
 
     def unpack_queries(self, y: torch.Tensor) -> torch.Tensor:
         """The inverse of `queries` (drops the padding)."""
@@ -97,7 +97,7 @@ class Packing:
     def _units(self, x: torch.Tensor) -> torch.Tensor:
         """[B, Hq, Sq, ...] → [tiles, per_tile, stacked · Sq, ...] (units padded with zeros)."""
         x = x.reshape(self.units, self.unit_rows, *x.shape[3:])
-        return _grow(x, 0, self.tiles * self.per_tile).reshape(self.tiles, self.per_tile, *x.shape[1:])
+        return grow(x, 0, self.tiles * self.per_tile).reshape(self.tiles, self.per_tile, *x.shape[1:])
 
     def block_diagonal(self, blocks: torch.Tensor, is_causal: bool) -> torch.Tensor:
         """[T, per_tile, rows, Sk] unit blocks → [T, 1, 128, width], MASKED off the diagonal and in the padding;
@@ -109,7 +109,7 @@ class Packing:
         full = blocks.new_full((t, n, rows, n, sk), MASKED)
         full.diagonal(0, 1, 3).copy_(blocks.permute(0, 2, 3, 1))
         full = full.reshape(t, n * rows, n * sk)
-        return _grow(_grow(full, 1, TILE, MASKED), 2, self.width, MASKED).unsqueeze(1).contiguous()
+        return grow(grow(full, 1, TILE, MASKED), 2, self.width, MASKED).unsqueeze(1).contiguous()
 
 
 @functools.lru_cache(maxsize=256)
@@ -151,7 +151,7 @@ def additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return mask
 
 
-def _grow(x: torch.Tensor, dim: int, size: int, value: float = 0.0) -> torch.Tensor:
+def grow(x: torch.Tensor, dim: int, size: int, value: float = 0.0) -> torch.Tensor:
     """x padded with `value` at the end of `dim` up to `size`."""
     missing = size - x.shape[dim]
     return F.pad(x, (0, 0) * (x.dim() - 1 - dim) + (0, missing), value=value) if missing else x
