@@ -15,6 +15,7 @@ other ops (a one-hot comparison for an overwriting index write, the moments of a
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Sequence
 from typing import Any
@@ -217,7 +218,13 @@ def sole_input(x: torch.Tensor, stride: tuple[int, ...], target: str) -> torch.T
     output): nothing to move; else the target's cat kernel copies it into that layout."""
     if x.stride() == stride or x.numel() <= 1:
         return x
-    return kernel_for(aten.cat.default, target).for_overload(aten.cat.default)([x], 0)
+    return _cat_kernel(target)([x], 0)
+
+
+@functools.cache
+def _cat_kernel(target: str) -> Any:
+    """The target's cat kernel, looked up once (a region calls `sole_input` every run)."""
+    return kernel_for(aten.cat.default, target).for_overload(aten.cat.default)
 
 
 def match_strides(value: torch.Tensor, stride: tuple[int, ...]) -> torch.Tensor:

@@ -165,16 +165,20 @@ def _match_rmsnorm(graph: fx.Graph, rsqrt: fx.Node) -> str | None:
     return "rmsnorm_saved_kernel"
 
 
+def _stand_in(graph: fx.Graph, call: fx.Node, nodes: tuple) -> None:
+    """Each of `nodes` replaced by its item of `call`'s tuple of results (the getitems go where the graph inserts)."""
+    call.meta = {**nodes[0].meta, "val": tuple(val(node) for node in nodes)}
+    for index, node in enumerate(nodes):
+        part = graph.call_function(operator.getitem, (call, index))
+        part.meta = dict(node.meta)
+        node.replace_all_uses_with(part)
+
+
 def _replace_saved_rmsnorm(graph: fx.Graph, chain: tuple, args: tuple) -> None:
     """The chain replaced by `rmsnorm_saved_kernel`, whose (y, x̂, rstd) stand for (last, scale, rsqrt)."""
     power, mean, add, rsqrt, scale, last = chain
     with graph.inserting_before(last):
-        call = graph.call_function(PATTERN_KERNELS["rmsnorm_saved_kernel"], args)
-        call.meta = {**last.meta, "val": (val(last), val(scale), val(rsqrt))}
-        for index, node in enumerate((last, scale, rsqrt)):
-            part = graph.call_function(operator.getitem, (call, index))
-            part.meta = dict(node.meta)
-            node.replace_all_uses_with(part)
+        _stand_in(graph, graph.call_function(PATTERN_KERNELS["rmsnorm_saved_kernel"], args), (last, scale, rsqrt))
     for node in (last, scale, rsqrt, add, mean, power):
         graph.erase_node(node)
     _restore_topological_order(graph)  # readers of the rsqrt that came before the norm's end now follow the call
@@ -195,15 +199,11 @@ def _match_rmsnorm_backward(graph: fx.Graph, last: fx.Node) -> bool:
         return False
     with graph.inserting_before(nodes[after + 1]):
         call = graph.call_function(PATTERN_KERNELS["rmsnorm_backward_kernel"], chain.operands)
-        call.meta = dict(last.meta)
         if chain.grad_w is None:
+            call.meta = dict(last.meta)
             last.replace_all_uses_with(call)
         else:
-            call.meta["val"] = (val(last), val(chain.grad_w))
-            for index, node in enumerate(outputs):
-                part = graph.call_function(operator.getitem, (call, index))
-                part.meta = dict(node.meta)
-                node.replace_all_uses_with(part)
+            _stand_in(graph, call, outputs)
     for node in chain.nodes:
         graph.erase_node(node)
     return True

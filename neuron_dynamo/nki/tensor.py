@@ -285,7 +285,7 @@ class NkiTensor:
             if kept < 2 and int_dims:
                 last = int_dims[-1]
                 norm[last] = slice(norm[last], norm[last] + 1)
-        return NkiTensor(self._a[tuple(norm)], self._s, self._dt, life=self._life)
+        return self._view(self._a[tuple(norm)])
 
     def _view(self, array: np.ndarray) -> NkiTensor:
         return NkiTensor(array, self._s, self._dt, life=self._life)
@@ -490,7 +490,7 @@ class NkiTensor:
             view = np.lib.stride_tricks.as_strided(flat[offset:], tuple(counts), tuple(st * item for st in steps))
             if view.dtype != dtypes.STORAGE[self._dt]:
                 view = view.view(dtypes.STORAGE[self._dt])
-            return NkiTensor(view, self._s, self._dt, life=self._life)
+            return self._view(view)
         if not isinstance(vector_offset, NkiTensor):
             raise NkiValidationError("ap", "vector_offset must be an SBUF tensor of indices")
         d = _int(indirect_dim, "indirect_dim")
