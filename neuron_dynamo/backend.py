@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import warnings
 from collections.abc import Callable, Sequence
 from importlib import metadata
 from typing import Any
@@ -53,8 +54,9 @@ def neuron_backend(
             "only options={...} and mode= are accepted"
         )
     configure_logging()
+    warn_if_name_shared()
     resolved = resolve_options(options, mode)
-    resolve_target(resolved.target)
+    resolve_target(resolved.target, resolved, example_inputs)
     bucket_config(resolved)  # a malformed bucket policy fails here, before anything is traced
     counters.bump("dynamo_graphs")
     name = next_graph_name()
@@ -104,6 +106,30 @@ def _provider(entry_point: metadata.EntryPoint) -> str:
     return f"{dist.name if dist else '?'}: {entry_point.value}"
 
 
+def _neuron_claims() -> tuple[list[metadata.EntryPoint], str | None]:
+    """The entry points claiming `backend="neuron"`, and the one torch uses: the one it loaded, else the first
+    (what `torch._dynamo`'s registry takes from `entry_points(...)[name]`)."""
+    claims = [ep for ep in metadata.entry_points(group="torch_dynamo_backends") if ep.name == "neuron"]
+    loaded = torch._dynamo.backends.registry._COMPILER_FNS.get("neuron")
+    if loaded is not None:
+        return claims, f"{loaded.__module__}:{loaded.__qualname__}"
+    return claims, claims[0].value if claims else None
+
+
+@functools.cache
+def warn_if_name_shared() -> None:
+    """Once per process: when another package (AWS's TorchNeuron) also claims `neuron`, say which one torch took."""
+    claims, resolves_to = _neuron_claims()
+    if len({ep.value for ep in claims}) < 2:
+        return
+    winner = next((_provider(ep) for ep in claims if ep.value == resolves_to), resolves_to)
+    others = ", ".join(_provider(ep) for ep in claims if ep.value != resolves_to)
+    warnings.warn(
+        f"backend='neuron' is claimed by more than one package; torch resolved it to {winner} (also claimed by "
+        f"{others}), a choice that follows install order. backend='neuron_dynamo' always means neuron-dynamo; "
+        "neuron_dynamo.backend_info() shows the resolution.", UserWarning, stacklevel=2)
+
+
 def backend_info() -> dict[str, Any]:
     """Which provider `backend="neuron"` resolves to, this package's version, the target and the NKI toolchain.
 
@@ -111,12 +137,7 @@ def backend_info() -> dict[str, Any]:
     point without a warning, so this says which one won (`neuron_dynamo` always names this package). It never raises
     over a bad `NEURON_DYNAMO_*` option: `options_error` says what is wrong (None when the options are valid).
     """
-    claims = [ep for ep in metadata.entry_points(group="torch_dynamo_backends") if ep.name == "neuron"]
-    loaded = torch._dynamo.backends.registry._COMPILER_FNS.get("neuron")
-    if loaded is not None:
-        resolves_to = f"{loaded.__module__}:{loaded.__qualname__}"
-    else:
-        resolves_to = claims[0].value if claims else None
+    claims, resolves_to = _neuron_claims()
     nki = nki_toolchain_info()
     try:
         version = metadata.version("neuron-dynamo")
@@ -142,6 +163,7 @@ def backend_info() -> dict[str, Any]:
         "neuron_resolves_to": resolves_to,
         "neuron_is_neuron_dynamo": resolves_to == OUR_ENTRY_POINT,
         "neuron_providers": [_provider(ep) for ep in claims],
+        "torchneuron": _torchneuron_facts(),
         "version": version,
         "target": target,
         "target_option": options.target if options is not None else None,
@@ -151,3 +173,11 @@ def backend_info() -> dict[str, Any]:
         "nki_target": nki.get("target"),
         "genuine_nki": bool(nki.get("genuine")),
     }
+
+
+def _torchneuron_facts() -> dict[str, Any]:
+    """Whether TorchNeuron can run regions here (the `neuron` target), its version facts, or why not."""
+    from neuron_dynamo.toolchain import torchneuron
+
+    return {"available": torchneuron.runtime_available(), "why_not": torchneuron.unavailable_reason() or None,
+            **torchneuron.versions()}

@@ -45,6 +45,7 @@ from neuron_dynamo.precompile import (
     run_plan,
     share,
     tensor_parallel_rank,
+    warm_device,
 )
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -158,6 +159,10 @@ def build_parser() -> argparse.ArgumentParser:
     warm.add_argument("--random-weights", action="store_true",
                       help="for a Hugging Face directory: build the model from its config with random weights "
                       "(the default when the directory holds no weights)")
+    warm.add_argument("--device", choices=("auto", "cpu", "neuron"), default="auto",
+                      help="where the shapes run: neuron runs them on the Trainium device through TorchNeuron, which "
+                      "fills TorchNeuron's NEFF cache as well as this cache; cpu runs them on the simulator; auto "
+                      "(default): neuron where TorchNeuron has a device, else cpu")
     warm.add_argument("--workers", type=int, default=1, help="processes compiling in parallel (default 1)")
     warm.add_argument("--tp-size", type=int, metavar="N", help="warm a tensor-parallel model: run under `torchrun "
                       "--nproc-per-node=N -m neuron_dynamo.cli warm DIR --tp-size N`; each rank loads the "
@@ -270,6 +275,7 @@ def warm(ns: argparse.Namespace, root: Path) -> int:
 
 def _warm(ns: argparse.Namespace, root: Path, options: dict[str, str], rank: int | None) -> int:
     """Load, plan and run; then report (rank 0 of a tensor-parallel warm reports for all ranks)."""
+    device = warm_device(ns.device)  # before anything loads: --device neuron without a device is a clear error
     loaded = load_model(ns.model, ns.random_weights, tuple(ns.inputs), ns.text_len, ns.tp_size)  # before any worker
     check_size_flags(ns, loaded.sizes)
     tasks = _tasks(ns, loaded)
@@ -279,7 +285,8 @@ def _warm(ns: argparse.Namespace, root: Path, options: dict[str, str], rank: int
         for index in run.tasks:
             tasks[index].calls += 1
     settings = {"options": options, "dtype": ns.dtype, "dynamic": ns.dynamic, "random_weights": ns.random_weights,
-                "inputs": tuple(ns.inputs), "text_len": ns.text_len, "tp_size": ns.tp_size}
+                "inputs": tuple(ns.inputs), "text_len": ns.text_len, "tp_size": ns.tp_size,
+                "device": device}
     progress = Progress(tasks, sum(len(run.tasks) for run in runs), cache, rank=rank)
     progress.update()
     start = time.perf_counter()

@@ -294,7 +294,7 @@ def compile_graph(
     Whatever fails in the backend on the way (bucketing, compiling, running) makes the graph run eagerly, with a
     warning and a report, unless fallback="error".
     """
-    target = resolve_target(options.target, options)
+    target = resolve_target(options.target, options, example_inputs)
     name = name or next_graph_name()
     counters.bump(f"graphs_compiled.{kind}")
     strict = options.fallback == "error"

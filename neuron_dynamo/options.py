@@ -40,8 +40,8 @@ class Options:
     target: str = _option(
         "auto",
         "Where lowered regions run. `reference`: the region's aten graph executed by torch (a debugging aid); "
-        "`simulator`: NKI kernels on the CPU interpreter; `neuron`: a genuine Trainium toolchain; `auto`: the best "
-        "available one.",
+        "`simulator`: NKI kernels on the CPU interpreter; `neuron`: TorchNeuron on `neuron`-device tensors; "
+        "`auto`: `neuron` for inputs on the `neuron` device, else `simulator`.",
         choices=("auto", "neuron", "simulator", "reference"),
     )
     fallback: str = _option(
@@ -113,18 +113,16 @@ class Options:
         "died is detected at once; compiling twice is slower, never wrong).",
         minimum=0,
     )
-    compiler_flags: tuple[str, ...] = _option(
-        (),
-        "Extra `neuronx-cc` flags for target `neuron`, after those of NEURON_CC_FLAGS. From the environment: a "
-        "comma-separated list.",
-    )
-    compile_timeout: int = _option(
-        900, "Seconds one `neuronx-cc` run may take before its region runs eagerly instead (target `neuron`).",
-        minimum=1,
+    device_mode: str = _option(
+        "eager",
+        "How target `neuron` runs a region on TorchNeuron: `eager` calls each NKI kernel as its TorchNeuron op (a NEFF "
+        "per kernel signature, glue in TorchNeuron's eager mode); `graph` hands each region and bucket to "
+        "TorchNeuron's compiler (one NEFF per region), falling back to `eager` if it refuses.",
+        choices=("eager", "graph"),
     )
     lnc: int = _option(
-        0, "Logical NeuronCore degree for target `neuron` (1 or 2; 0: NEURON_LOGICAL_NC_CONFIG, else the "
-        "generation's default: 2 on trn2/trn3, 1 on trn1).", minimum=0,
+        0, "Logical NeuronCore degree for target `neuron`, a cache-key fact (1 or 2; 0: NEURON_LOGICAL_NC_CONFIG, "
+        "else 1, nki's default).", minimum=0,
     )
 
     def __post_init__(self) -> None:
@@ -174,8 +172,8 @@ def _check_lnc(value: int) -> None:
     # Not `choices=`: those would also change the options table (the help text already says "1 or 2; 0: ...").
     if value not in (0, 1, 2):
         raise OptionError(
-            f"option 'lnc' must be 0, 1 or 2 (the logical NeuronCore degree; 0: NEURON_LOGICAL_NC_CONFIG, else the "
-            f"generation's default), got {value!r}"
+            f"option 'lnc' must be 0, 1 or 2 (the logical NeuronCore degree; 0: NEURON_LOGICAL_NC_CONFIG, else 1), "
+            f"got {value!r}"
         )
 
 

@@ -352,7 +352,8 @@ def run_plan(loaded: Loaded, tasks: list[Task], runs: list[Run], settings: dict[
     from neuron_dynamo.bucket_dispatch import forget_generalized_graphs
     from neuron_dynamo.program_cache import labelled
 
-    model = loaded.model.to(getattr(torch, settings["dtype"]))
+    device = settings.get("device", "cpu")
+    model = loaded.model.to(getattr(torch, settings["dtype"])).to(device)
     dynamic = DYNAMIC[settings["dynamic"]]
     with labelled(loaded.label):
         for run in runs:
@@ -364,17 +365,32 @@ def run_plan(loaded: Loaded, tasks: list[Task], runs: list[Run], settings: dict[
                                      dynamic=dynamic)
             model.train(run.train)
             for index in run.tasks:
-                report(_one_call(compiled, model, loaded, tasks[index], run.train) | {"task": index})
+                report(_one_call(compiled, model, loaded, tasks[index], run.train, device) | {"task": index})
 
 
-def _one_call(compiled: Any, model: Any, loaded: Loaded, task: Task, train: bool) -> dict[str, Any]:
+def warm_device(choice: str) -> str:
+    """`--device`: auto is the `neuron` device where TorchNeuron has one (its NEFF cache fills too), else the CPU."""
+    from neuron_dynamo.toolchain import torchneuron
+
+    if choice == "auto":
+        return "neuron" if torchneuron.runtime_available() else "cpu"
+    if choice == "neuron":
+        torchneuron.runtime()  # raises, saying why, where TorchNeuron has no device
+    return choice
+
+
+def _one_call(compiled: Any, model: Any, loaded: Loaded, task: Task, train: bool, device: str = "cpu"
+              ) -> dict[str, Any]:
     """One call of the compiled model at the task's shape; a failure is reported, not raised (the others go on)."""
     import torch
+    from torch.utils._pytree import tree_map
 
     before, start, error = cache_counters(), time.perf_counter(), ""
     try:
         torch.manual_seed(0)
         inputs = loaded.make_inputs(task.batch_size, *task.size)
+        if device != "cpu":
+            inputs = tree_map(lambda x: x.to(device) if isinstance(x, torch.Tensor) else x, inputs)
         if train:
             _loss(_call(compiled, inputs)).backward()
             model.zero_grad(set_to_none=True)

@@ -23,6 +23,7 @@ from neuron_dynamo import counters
 from neuron_dynamo.backend import neuron_backend
 from neuron_dynamo.compiler import GraphReport
 from neuron_dynamo.passes.partition import COLLECTIVE, HOST_CHECK
+from neuron_dynamo.toolchain import target_note
 
 
 def _si(value: float) -> str:
@@ -77,6 +78,8 @@ class ExplainReport:
                          "(TORCH_LOGS=graph_breaks,recompiles says why)")
             return "\n".join(lines)
         lines += _table(header, rows)
+        lines += [f"target {name}: {target_note(name)}" for name in dict.fromkeys(g.target for g in self.graphs)
+                  if target_note(name)]
         fallbacks = [
             (f"{graph.name}.{graph.kind}", entry["op"], str(entry["count"]), entry["reason"])
             for graph in self.graphs

@@ -1,6 +1,4 @@
 import os
-import stat
-import sys
 from pathlib import Path
 
 import pytest
@@ -48,25 +46,6 @@ def cache_dir(tmp_path, monkeypatch):
     path = tmp_path / "cache"
     monkeypatch.setenv("NEURON_DYNAMO_CACHE_DIR", str(path))
     return path
-
-
-@pytest.fixture
-def fake_neuronx_cc(tmp_path, monkeypatch):
-    """tests/toolchain/fake_neuronx_cc.py on PATH as `neuronx-cc`, the genuine NKI toolchain pretended (kernels still
-    run on the interpreter); returns the path of the fake's JSON-lines run log. Tests set FAKE_NEURONX_CC_MODE etc."""
-    fake = Path(__file__).parent / "toolchain" / "fake_neuronx_cc.py"
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    exe = bin_dir / "neuronx-cc"
-    exe.write_text(f"#!{sys.executable}\nimport runpy, sys\nsys.argv[0] = {str(fake)!r}\n"
-                   f"runpy.run_path({str(fake)!r}, run_name='__main__')\n")
-    exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
-    log = tmp_path / "neuronx_cc_runs.jsonl"
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setenv("FAKE_NEURONX_CC_LOG", str(log))
-    monkeypatch.setattr("neuron_dynamo.toolchain.targets.nki_toolchain_info",
-                        lambda: {"genuine": True, "provider": "nki", "version": "0.6.0", "target": "trn2"})
-    return log
 
 
 def pytest_addoption(parser):

@@ -396,39 +396,6 @@ def test_concurrent_processes_compile_one_program_once(tmp_path, cache_dir, pinn
     assert statuses == ["hit", "hit", "hit", "miss"]
 
 
-@pytest.fixture
-def slow_fake_neuronx_cc(fake_neuronx_cc, monkeypatch):
-    """The fake `neuronx-cc` (tests/conftest.py), sleeping 1 s per compile; returns its run log."""
-    monkeypatch.setenv("FAKE_NEURONX_CC_MODE", "slow")
-    monkeypatch.setenv("FAKE_NEURONX_CC_SECONDS", "1.0")
-    return fake_neuronx_cc
-
-
-def test_fake_compiler_made_slow_warm_run_skips_neuronx_cc(cache_dir, slow_fake_neuronx_cc):
-    def fn(x, w):
-        return torch.softmax(x @ w, dim=-1) * 2
-
-    args = (torch.randn(16, 8), torch.randn(8, 12))
-    neuron = {"target": "neuron", "cache_tag": "slow-fake-compiler-test"}
-    torch._dynamo.reset()
-    cold = neuron_dynamo.explain(fn, *args, options=neuron)
-    (cold_graph,) = cold.graphs
-    assert cold_graph.cache == "miss" and cold_graph.regions == 1
-    assert len(slow_fake_neuronx_cc.read_text().splitlines()) == 1
-    assert cold_graph.compile_seconds >= 1.0  # the slow compiler ran
-
-    torch._dynamo.reset()  # as a fresh process would: Dynamo compiles again, the backend finds the program
-    counters.reset_stats()
-    warm = neuron_dynamo.explain(fn, *args, options=neuron)
-    (warm_graph,) = warm.graphs
-    assert warm_graph.cache == "hit" and warm_graph.regions == 1
-    assert len(slow_fake_neuronx_cc.read_text().splitlines()) == 1  # neuronx-cc did not run again
-    torch.testing.assert_close(warm.output, fn(*args), atol=1e-5, rtol=1e-5)
-    (entry,) = neuron_dynamo.program_cache.cache_for(resolve_options(neuron)).entries()
-    assert entry.meta["compile_seconds"] >= 1.0 and entry.meta["target"] == "neuron"
-    assert cache_stats()["cache.seconds_saved"] == pytest.approx(warm_graph.cache_seconds_saved)
-
-
 def test_every_entry_of_a_training_run_reads_back_in_a_fresh_process(cache_dir, pinned_sources):
     """Tiny BERT trained at two lengths on the default target: the second process hits every program (an entry
     that does not decode, e.g. a fused kernel holding a memory_format, would be quarantined and missed each time)."""

@@ -22,11 +22,12 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+from torch._subclasses.fake_tensor import FakeTensor
 
 from neuron_dynamo.lowering import codegen
 from neuron_dynamo.lowering.codegen import STORED_AS_OTHER, GroupSpec, Ref, Step
 from neuron_dynamo.lowering.registry import kernel_for, kernel_set, lowering_for
-from neuron_dynamo.toolchain.simulator import launch
+from neuron_dynamo.toolchain.simulator import launch, launch_device
 
 FUSED_FAMILIES = frozenset({"elementwise", "creation"})
 aten = torch.ops.aten
@@ -54,15 +55,19 @@ class FusedKernel:
         self.as_returned = bool(spec.inputs) and bool(self.shape) and not STORED_AS_OTHER.intersection(self.out_dtypes)
         # A group without inputs (creation ops and arithmetic on them: iotas, masks, zeros) computes constants, which
         # a compiler folds: the kernel runs once and later calls get copies of its results.
-        self.constants: tuple[torch.Tensor, ...] | None = None
+        # Kept per device: the `neuron` target plans a region on the CPU and then runs it on `neuron` tensors.
+        self.constants: dict[torch.device | None, tuple[torch.Tensor, ...]] = {}
 
     def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        if self.constants is not None:
-            return tuple([c.clone() for c in self.constants])
-        if not inputs:
-            self.constants = self._run(inputs)
-            return tuple([c.clone() for c in self.constants])
-        return self._run(inputs)
+        if inputs:
+            return self._run(inputs)
+        device = launch_device()
+        constants = self.constants.get(device)
+        if constants is None:
+            constants = self._run(inputs)
+            if not any(isinstance(c, FakeTensor) for c in constants):  # a trace's stand-ins are not values
+                self.constants[device] = constants
+        return tuple([c.clone() for c in constants])
 
     def _run(self, inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
         shape = self.shape

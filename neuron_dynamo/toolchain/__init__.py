@@ -9,6 +9,7 @@ from neuron_dynamo.toolchain.targets import (
     TargetUnavailableError,
     nki_toolchain_info,
     resolve_target,
+    target_note,
 )
 
 __all__ = [
@@ -20,4 +21,5 @@ __all__ = [
     "TargetUnavailableError",
     "nki_toolchain_info",
     "resolve_target",
+    "target_note",
 ]

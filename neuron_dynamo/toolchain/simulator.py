@@ -47,11 +47,38 @@ def device_time() -> Iterator[DeviceTime]:
             stack[-1].kernels += total.kernels
 
 
+@contextlib.contextmanager
+def launching_with(launcher: Callable[[Any, tuple, dict], Any], device: torch.device | None) -> Iterator[None]:
+    """Inside the block, `launch` hands every kernel call to `launcher(kernel, args, kwargs)` instead of the
+    interpreter: the `neuron` target runs them through TorchNeuron, and its lowering-time plan records them.
+    `device` is where the block's tensors live (None: the CPU), for code that makes tensors without inputs."""
+    saved = getattr(_local, "launcher", None), getattr(_local, "device", None)
+    _local.launcher, _local.device = launcher, device
+    try:
+        yield
+    finally:
+        _local.launcher, _local.device = saved
+
+
+def launch_device() -> torch.device | None:
+    """The device of the innermost `launching_with` block (None on the simulator)."""
+    return getattr(_local, "device", None)
+
+
 def launch(kernel: Any, *args: Any, **kwargs: Any) -> Any:
-    """Run an NKI kernel on the interpreter and account its estimated device time.
+    """Run an NKI kernel: on the interpreter, accounting its estimated device time, unless a `launching_with`
+    block routes it elsewhere.
 
     A kernel of the genuine `nki` package (a Trainium host) has no interpreter profile: it just runs.
     """
+    launcher = getattr(_local, "launcher", None)
+    if launcher is not None:
+        return launcher(kernel, args, kwargs)
+    return simulate(kernel, *args, **kwargs)
+
+
+def simulate(kernel: Any, *args: Any, **kwargs: Any) -> Any:
+    """Run an NKI kernel on the interpreter and account its estimated device time."""
     estimated = getattr(kernel, "estimated", None)
     if estimated is None:
         return kernel(*args, **kwargs)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import importlib.util
-import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -136,35 +135,59 @@ def nki_toolchain_info() -> dict[str, Any]:
     return toolchain_info()
 
 
-def neuron_device_visible() -> bool:
-    """A Neuron device node exists (what the Neuron runtime opens)."""
-    return os.path.exists("/dev/neuron0")
+def resolve_target(name: str, options: Any = None, example_inputs: Sequence[Any] | None = None) -> Any:
+    """The target object for an option value and a graph's inputs; raises before compiling anything if it cannot
+    run here.
 
-
-def resolve_target(name: str, options: Any = None) -> Any:
-    """The target object for an option value; raises before compiling anything if it cannot run here.
-
-    `auto` is `neuron` on a Trainium host (genuine NKI toolchain, neuronx-cc and a visible device) and the
-    `simulator` everywhere else. `neuron` needs the genuine toolchain and neuronx-cc on PATH, so asking for it
-    elsewhere is an error rather than a silent substitute.
+    `auto` is `neuron` when TorchNeuron is there (torch_neuronx imports, `torch.neuron.is_available()`) and the
+    graph's inputs live on the `neuron` device, and the `simulator` otherwise: CPU inputs keep the simulator.
+    `neuron` asked for explicitly is an error where it cannot run, never a silent substitute. Without inputs (a
+    check before tracing), `auto` and `neuron` only check what they can.
     """
     if name == "reference":
         return REFERENCE
     if name == "simulator":
+        if example_inputs is not None and _on_device(example_inputs):
+            raise TargetUnavailableError(
+                "target 'simulator' runs on CPU tensors, and this graph's inputs are on the 'neuron' device: use "
+                "target='auto' or 'neuron' there, or move the model and inputs to the CPU")
         return SIMULATOR
     if name not in ("auto", "neuron"):
         raise TargetUnavailableError(f"unknown target {name!r}; valid targets: {', '.join(TARGET_NAMES)}")
-    from neuron_dynamo.toolchain.neuronx_cc import find_compiler, neuron_target
+    from neuron_dynamo.toolchain import torchneuron
 
-    toolchain = nki_toolchain_info()
-    ready = toolchain.get("genuine") and find_compiler() is not None
     if name == "auto":
-        return neuron_target(options, toolchain["target"], DEVICE.supports) if ready and neuron_device_visible() \
-            else SIMULATOR
-    if not ready:
+        if example_inputs is None or not _on_device(example_inputs):
+            return SIMULATOR
+    elif not torchneuron.runtime_available():
         raise TargetUnavailableError(
-            "target 'neuron' needs a Trainium host with the genuine NKI toolchain (nki, and neuronx-cc on PATH); "
-            f"this machine has provider {toolchain.get('provider')!r}"
-            f"{'' if find_compiler() else ' and no neuronx-cc'}. Use target='simulator' or 'reference'."
-        )
-    return neuron_target(options, toolchain["target"], DEVICE.supports)
+            f"target 'neuron' needs TorchNeuron on a Trainium host: {torchneuron.unavailable_reason()}. "
+            "Use target='simulator' or 'reference' for CPU tensors.")
+    elif example_inputs is not None and not _on_device(example_inputs):
+        raise TargetUnavailableError(
+            "target 'neuron' runs on 'neuron'-device tensors and this graph's inputs are on the CPU: move the model "
+            "and inputs with .to('neuron') (or device_map='neuron'), or use target='auto' to keep CPU inputs on the "
+            "simulator")
+    torchneuron.runtime()  # inputs on the device: TorchNeuron must be usable, or this says why
+    return torchneuron.TorchNeuronTarget(DEVICE.supports, getattr(options, "device_mode", "eager"),
+                                         getattr(options, "lnc", 0))
+
+
+def _on_device(example_inputs: Sequence[Any]) -> bool:
+    return any(isinstance(v, torch.Tensor) and v.device.type == "neuron" for v in example_inputs)
+
+
+def target_note(target_name: str) -> str:
+    """Where a target runs regions and, for the simulator, why not on Trainium: `explain()` prints it."""
+    if target_name == "simulator":
+        from neuron_dynamo.toolchain import torchneuron
+
+        where = "CPU inputs run on the NKI interpreter (the neuron target takes 'neuron'-device tensors"
+        if not torchneuron.runtime_available():
+            return f"{where}; TorchNeuron: {torchneuron.unavailable_reason()})"
+        return f"{where})"
+    if target_name == "neuron":
+        return "TorchNeuron runs the regions' NKI kernels on the 'neuron' device"
+    if target_name == "reference":
+        return "regions run as their aten graphs in PyTorch (the debugging baseline)"
+    return ""
