@@ -107,13 +107,13 @@ def _provider(entry_point: metadata.EntryPoint) -> str:
 
 
 def _neuron_claims() -> tuple[list[metadata.EntryPoint], str | None]:
-    """The entry points claiming `backend="neuron"`, and the one torch uses: the one it loaded, else the first
-    (what `torch._dynamo`'s registry takes from `entry_points(...)[name]`)."""
+    """The entry points claiming `backend="neuron"`, and the one torch uses (`entry_points(...)[name]`: the first
+    found in path order, so the order of the installs decides)."""
     claims = [ep for ep in metadata.entry_points(group="torch_dynamo_backends") if ep.name == "neuron"]
-    loaded = torch._dynamo.backends.registry._COMPILER_FNS.get("neuron")
-    if loaded is not None:
-        return claims, f"{loaded.__module__}:{loaded.__qualname__}"
-    return claims, claims[0].value if claims else None
+    if not claims:
+        return claims, None
+    loaded = torch._dynamo.lookup_backend("neuron")  # torch's own choice (it loads the winner's module)
+    return claims, f"{loaded.__module__}:{loaded.__qualname__}"
 
 
 @functools.cache

@@ -3,6 +3,7 @@
     neuron-precompile warm MODEL --batch-sizes 1,4 --seq-lens 128,512 [--train] [--workers 2]
     torchrun --nproc-per-node=2 -m neuron_dynamo.cli warm MODEL_DIR --tp-size 2 --seq-lens 128,512
     neuron-precompile ls | verify | prune --max-size 20G --older-than 30d | clear-locks
+    neuron-precompile selfcheck --json selfcheck.json      # on a Trainium host: device against simulator
 
 `warm` compiles by *running* the model under the same backend, options and cache directory as the real run, so the
 keys it stores are the keys the run looks up (the failure optimum-neuron #157/#271 describe is a warm-up tool with
@@ -190,6 +191,16 @@ def build_parser() -> argparse.ArgumentParser:
                         description="Remove every per-key compile lock. Locks of dead processes are released by "
                         "the kernel on local disks; this is for network file systems. Run it only while no "
                         "process uses the cache.")
+
+    selfcheck = commands.add_parser(
+        "selfcheck", help="on a Trainium host: run the kernel library and two tiny models on the device and on the "
+        "simulator, compare them, and write a report to attach to a bug",
+        description="Run each library kernel (fp32 and bf16, small shapes) and a tiny Llama and GPT-2 on the "
+        "'neuron' device through TorchNeuron and on the simulator; print per check whether the values agree within "
+        "the dtype's tolerance, the largest difference, the measured device time of a warm call and the cost "
+        "model's estimate. Exit status 0 when every check passes, 1 when one fails, 2 on a machine without "
+        "TorchNeuron and a Neuron device (nothing is run there).")
+    selfcheck.add_argument("--json", type=Path, metavar="PATH", help="also write the report as JSON to PATH")
     return parser
 
 
@@ -228,21 +239,21 @@ def _total(tasks: list[Task], counter: str) -> int:
     return sum(getattr(task, counter) for task in tasks)
 
 
-def check_summary_path(path: Path) -> None:
+def check_summary_path(path: Path, flag: str = "--summary") -> None:
     """Fail now, not after an hour of compiling, if the summary cannot be written to `path`."""
     path = path.expanduser()
-    fix = "give --summary a file in an existing, writable directory"
+    fix = f"give {flag} a file in an existing, writable directory"
     if path.is_dir():
-        raise PrecompileError(f"--summary {path} is a directory; {fix}, e.g. --summary {path / 'summary.json'}")
+        raise PrecompileError(f"{flag} {path} is a directory; {fix}, e.g. {flag} {path / 'summary.json'}")
     if not path.parent.is_dir():
         what = "is not a directory" if path.parent.exists() else "does not exist"
-        raise PrecompileError(f"--summary {path}: the directory {path.parent} {what}; create it or {fix}")
+        raise PrecompileError(f"{flag} {path}: the directory {path.parent} {what}; create it or {fix}")
     existed = path.exists()
     try:
         with open(path, "a"):
             pass
     except OSError as exc:
-        raise PrecompileError(f"--summary {path} cannot be written ({exc.strerror or exc}); {fix}") from exc
+        raise PrecompileError(f"{flag} {path} cannot be written ({exc.strerror or exc}); {fix}") from exc
     if not existed:
         path.unlink()  # the real summary is written at the end; leave nothing behind if the run fails before
 
@@ -503,7 +514,29 @@ def clear_locks(ns: argparse.Namespace, root: Path) -> int:
     return 0
 
 
-COMMANDS = {"warm": warm, "ls": ls, "verify": verify, "prune": prune, "clear-locks": clear_locks}
+def selfcheck(ns: argparse.Namespace, root: Path) -> int:
+    from neuron_dynamo.toolchain import torchneuron
+
+    if not torchneuron.runtime_available():
+        print(f"neuron-precompile selfcheck: no Trainium here ({torchneuron.unavailable_reason()}); run it on a "
+              "Trn2/Trn3 host with torch-neuronx installed. Nothing was run.", file=sys.stderr)
+        return 2
+    if ns.json is not None:
+        check_summary_path(ns.json, "--json")
+    from neuron_dynamo import selfcheck as checks
+
+    report = checks.run()
+    summary = report["summary"]
+    print(f"selfcheck: {summary['passed']}/{summary['checks']} checks passed"
+          + (f"; failed: {', '.join(summary['failed'])}" if summary["failed"] else ""))
+    if ns.json is not None:
+        ns.json.expanduser().write_text(json.dumps(report, indent=2))
+        print(f"report written to {ns.json}")
+    return 0 if not summary["failed"] else 1
+
+
+COMMANDS = {"warm": warm, "ls": ls, "verify": verify, "prune": prune, "clear-locks": clear_locks,
+            "selfcheck": selfcheck}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,4 +1,8 @@
+import json
 import os
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -77,3 +81,53 @@ def _file_rank(item) -> int:
 
 def pytest_collection_modifyitems(config, items):
     items.sort(key=_file_rank)  # stable: files keep their order within a rank, tests theirs within a file
+
+
+# ---------------------------------------------------------------------------------------------- the fake Trainium
+# tests/fakes/site holds a fake `neuron` device and `torch_neuronx` written from AWS's documentation. The device is a
+# once-per-process rename of PrivateUse1, so each check runs in a subprocess: the `fake_device` fixture is
+# `run_on_fake_device(code, ...)`, which runs `code` with the fake on its path and returns the JSON object it printed
+# last.
+FAKE_SITE = Path(__file__).resolve().parent / "fakes" / "site"
+
+
+def fake_env(extra: dict | None = None, fake_last: bool = False, scratch: Path | None = None) -> dict:
+    """The environment a fake-device process gets (also handy for starting one by hand).
+
+    By default the fake site comes first on the path, as PYTHONPATH does. With ``fake_last`` it is added after
+    site-packages (a ``sitecustomize`` in ``scratch`` calls ``site.addsitedir``), as for a package installed after
+    this one: entry points are discovered in path order, so that decides which package owns ``neuron``.
+    """
+    env = dict(os.environ)
+    first = str(FAKE_SITE)
+    if fake_last:
+        (scratch / "sitecustomize.py").write_text(f"import site\nsite.addsitedir({str(FAKE_SITE)!r})\n")
+        first = str(scratch)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [first, env.get("PYTHONPATH")]))
+    env["HF_HUB_OFFLINE"] = "1"
+    env.update(extra or {})
+    return env
+
+
+def run_on_fake_device(code: str, timeout: float = 600, env: dict | None = None, fake_last: bool = False) -> dict:
+    """Run ``code`` on the fake device; return the JSON it printed last. Fails on a non-zero exit.
+
+    It runs in an empty scratch directory: the working directory is first on the path, and a checkout's
+    ``*.egg-info`` there would decide the order of entry points.
+    """
+    with tempfile.TemporaryDirectory(prefix="fake_neuron_") as scratch:
+        proc = subprocess.run(
+            [sys.executable, "-c", code], env=fake_env(env, fake_last, Path(scratch)), capture_output=True,
+            text=True, timeout=timeout, cwd=scratch,
+        )
+    if proc.returncode != 0:
+        pytest.fail(f"fake-device subprocess exited with {proc.returncode}:\n{proc.stderr[-4000:]}")
+    lines = [line for line in proc.stdout.splitlines() if line.strip()]
+    if not lines:
+        pytest.fail(f"fake-device subprocess printed nothing; stderr:\n{proc.stderr[-4000:]}")
+    return json.loads(lines[-1])
+
+
+@pytest.fixture(scope="session")
+def fake_device():
+    return run_on_fake_device

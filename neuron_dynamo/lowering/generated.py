@@ -88,6 +88,9 @@ class FusedKernel:
 def _host_output(out: Any, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
     """A kernel result as the graph's tensor: its dtype, and its shape (a 0-dim result is one element on device)."""
     out = codegen.from_device(out, dtype)
+    device = launch_device()  # a kernel without tensor inputs ran on the host: its constants go to the region's device
+    if device is not None and out.device != device:
+        out = out.to(device)
     return out if out.shape == shape else out.reshape(shape)
 
 

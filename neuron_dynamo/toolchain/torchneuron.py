@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+from torch.utils._python_dispatch import _disable_current_modes
 
 from neuron_dynamo import counters
 from neuron_dynamo.errors import NeuronDynamoError
@@ -262,6 +263,18 @@ class PlannedCall:
     outputs: tuple[Spec, ...]
 
 
+def record_call(kernel: Any, args: tuple, kwargs: dict, result: Any) -> PlannedCall | None:
+    """Register the call's op (once) and what it returns for these inputs (the op's fake answers from that).
+    None for a call without tensors, which stays on the host (see `device_launch`)."""
+    tensors, template, kw_template = _split(args, kwargs)
+    outs = list(result) if isinstance(result, (tuple, list)) else [result]
+    if not tensors or not all(isinstance(o, torch.Tensor) for o in outs):
+        return None
+    entry = KERNEL_OPS.get(kernel, template, kw_template)
+    entry.outputs[_specs(tensors)] = ([(tuple(o.shape), o.dtype) for o in outs], isinstance(result, tuple))
+    return PlannedCall(kernel, entry.name, _specs(tensors), _specs(outs))
+
+
 def plan_region(lowered: fx.GraphModule, inputs: Sequence[tuple[tuple[int, ...], tuple[int, ...], torch.dtype]]
                 ) -> list[PlannedCall]:
     """Every kernel call the lowered region makes at these input layouts, each registered as its op.
@@ -273,12 +286,9 @@ def plan_region(lowered: fx.GraphModule, inputs: Sequence[tuple[tuple[int, ...],
 
     def record(kernel: Any, args: tuple, kwargs: dict) -> Any:
         result = simulator.simulate(kernel, *args, **kwargs)
-        tensors, template, kw_template = _split(args, kwargs)
-        outs = list(result) if isinstance(result, (tuple, list)) else [result]
-        if tensors and all(isinstance(o, torch.Tensor) for o in outs):
-            entry = KERNEL_OPS.get(kernel, template, kw_template)
-            entry.outputs[_specs(tensors)] = ([(tuple(o.shape), o.dtype) for o in outs], isinstance(result, tuple))
-            calls.append(PlannedCall(kernel, entry.name, _specs(tensors), _specs(outs)))
+        call = record_call(kernel, args, kwargs, result)
+        if call is not None:
+            calls.append(call)
         return result
 
     zeros = [torch.empty_strided(shape, stride, dtype=dtype).zero_() for shape, stride, dtype in inputs]
@@ -288,28 +298,30 @@ def plan_region(lowered: fx.GraphModule, inputs: Sequence[tuple[tuple[int, ...],
     return calls
 
 
+def _on_host(kernel: Any, args: tuple, kwargs: dict) -> Any:
+    """The kernel on the interpreter, with the call's tensors copied to the CPU."""
+    cpu = lambda t: t.detach().to("cpu") if isinstance(t, torch.Tensor) else t  # noqa: E731
+    with torch.device("cpu"):
+        return simulator.simulate(kernel, *map(cpu, args), **{k: cpu(v) for k, v in kwargs.items()})
+
+
 def device_launch(kernel: Any, args: tuple, kwargs: dict) -> Any:
     """A kernel call inside a device region: its op on the call's `neuron` tensors."""
     tensors, template, kw_template = _split(args, kwargs)
     if not tensors:  # a kernel of constants only (iotas, masks): made once on the interpreter, then moved
         counters.bump("neuron.constant_kernels_on_host")
         device = simulator.launch_device()
-        with torch.device("cpu"):
-            result = simulator.simulate(kernel, *args, **kwargs)
+        result = _on_host(kernel, args, kwargs)
         move = lambda t: t.to(device) if isinstance(t, torch.Tensor) else t  # noqa: E731
         return tuple(map(move, result)) if isinstance(result, tuple) else move(result)
     entry = KERNEL_OPS.get(kernel, template, kw_template)
-    key = _specs(tensors)
-    planned = entry.outputs.get(key)
+    planned = entry.outputs.get(_specs(tensors))
     if planned is None:  # a call the plan did not see (a shape decided by data): its fake comes from the interpreter
         counters.bump("neuron.unplanned_calls")
-        log.warning("%s: a kernel call with inputs %s that the lowering-time plan did not record", entry.name, key)
-        cpu = [t.detach().to("cpu") for t in tensors]
-        with torch.device("cpu"):
-            result = simulator.simulate(kernel, *[_fill(t, cpu) for t in template],
-                                        **{k: _fill(v, cpu) for k, v in kw_template.items()})
-        outs = list(result) if isinstance(result, (tuple, list)) else [result]
-        planned = entry.outputs[key] = ([(tuple(o.shape), o.dtype) for o in outs], isinstance(result, tuple))
+        log.warning("%s: a kernel call with inputs %s that the lowering-time plan did not record", entry.name,
+                    _specs(tensors))
+        record_call(kernel, args, kwargs, _on_host(kernel, args, kwargs))
+        planned = entry.outputs[_specs(tensors)]
     with torch.device("cpu"):  # TorchNeuron's own allocations are explicit; keep ours from leaking into its code
         outs = entry.op(list(tensors))
     counters.bump("neuron.kernel_calls")
@@ -327,31 +339,43 @@ def input_layouts(example_inputs: Sequence[Any]) -> list[InputLayout]:
 class DeviceRegion(torch.nn.Module):
     """A lowered region on `neuron` tensors: its kernel calls are TorchNeuron ops (see the module docstring)."""
 
-    def __init__(self, lowered: fx.GraphModule, layouts: list[InputLayout], mode: str) -> None:
+    def __init__(self, lowered: fx.GraphModule, layouts: list[InputLayout], mode: str, prepare: bool = True) -> None:
         super().__init__()
         self.lowered = lowered
         self.layouts = layouts
-        self.calls = plan_region(lowered, layouts)
         self.mode = mode
+        self.calls: list[PlannedCall] | None = None
         self.compiled: Callable[..., Any] | None = None
-        if mode == "graph":
+        self.returns_tuple = False
+        if prepare:
+            self.prepare()
+
+    def prepare(self) -> None:
+        """Plan and register the kernels (and in `graph` mode hand the region over): at lowering, or at the first
+        run of a region read from the cache (reading an entry back to check it must not compile it)."""
+        self.calls = plan_region(self.lowered, self.layouts)
+        if self.mode == "graph":
             self.compiled = self._hand_off()
 
     def _hand_off(self) -> Callable[..., Any] | None:
         """The region traced to aten glue and kernel ops, compiled by TorchNeuron (one NEFF); None if that fails."""
-        from torch.fx.experimental.proxy_tensor import make_fx
-
-        try:
-            device = torch.device(DEVICE_TYPE)
-            inputs = [torch.empty_strided(shape, stride, dtype=dtype, device=device)
-                      for shape, stride, dtype in self.layouts]
-            traced = make_fx(self._run_eager, tracing_mode="fake")(*inputs)
-            compiled = compiler_backend()(traced, inputs)
+        try:  # a compile of its own: not under the dispatch modes of the run that asked for this bucket
+            with _disable_current_modes():
+                return self._compile_traced()
         except Exception as exc:  # TorchNeuron refused it: the eager kernel calls still run it
             counters.bump("neuron.graph_handoff_failed")
             log.warning("a region could not be handed to TorchNeuron's compiler, its kernels run one by one: %s: %s",
                         type(exc).__name__, str(exc).splitlines()[0][:300] if str(exc) else "")
             return None
+
+    def _compile_traced(self) -> Callable[..., Any]:
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        device = torch.device(DEVICE_TYPE)
+        inputs = [torch.empty_strided(shape, stride, dtype=dtype, device=device)
+                  for shape, stride, dtype in self.layouts]
+        traced = make_fx(lambda *args: self._as_tuple(self._run_eager(*args)), tracing_mode="fake")(*inputs)
+        compiled = compiler_backend()(traced, inputs)  # a graph that returns a tuple, as Dynamo's do
         counters.bump("neuron.graph_handoffs")
         return compiled
 
@@ -360,8 +384,17 @@ class DeviceRegion(torch.nn.Module):
         with simulator.launching_with(device_launch, device), torch.device(device):
             return self.lowered(*args)
 
+    def _as_tuple(self, result: Any) -> tuple:
+        self.returns_tuple = isinstance(result, tuple)
+        return result if self.returns_tuple else (result,)
+
     def forward(self, *args: Any) -> Any:
-        return self._run_eager(*args) if self.compiled is None else self.compiled(*args)
+        if self.calls is None:
+            self.prepare()
+        if self.compiled is None:
+            return self._run_eager(*args)
+        result = self.compiled(*args)
+        return tuple(result) if self.returns_tuple else result[0]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -398,7 +431,7 @@ class TorchNeuronTarget:
                        for shape, stride, dtype in rows]
         except (ValueError, TypeError, KeyError) as exc:
             raise ArtifactError(f"a malformed neuron region header: {exc}") from None
-        return DeviceRegion(load_region(data[4 + size:]), layouts, self.mode)
+        return DeviceRegion(load_region(data[4 + size:]), layouts, self.mode, prepare=False)
 
     def cache_facts(self) -> dict[str, Any]:
         """What changes what TorchNeuron builds from a region: its release, nki's, neuronx-cc's, the platform, the
