@@ -237,3 +237,29 @@ def test_the_cache_key_carries_torchneurons_version_facts(monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float64, torch.complex64])
 def test_the_device_takes_only_what_trainium_stores(dtype):
     assert dtype not in DEVICE_DTYPES
+
+
+def test_warm_on_the_device_then_a_device_run_compiles_nothing(run, tmp_path, cache_dir, pinned_sources):
+    """`neuron-precompile warm` where TorchNeuron has a device runs the shapes there (on Trainium that fills
+    TorchNeuron's NEFF cache too); a later process with the model on `neuron` finds every program."""
+    model_dir = tmp_path / "tiny-llama"
+    result = run(f"""
+        from neuron_dynamo.cli import main
+        torch.manual_seed(0)
+        llama().save_pretrained({str(model_dir)!r})
+        status = main(["warm", {str(model_dir)!r}, "--seq-lens", "8", "--dynamic", "false",
+                       "--summary", {str(tmp_path / 'summary.json')!r}])
+        print(json.dumps({{"status": status, "stats": ours(), "ops": record.nki_ops}}))
+    """)
+    assert result["status"] == 0 and result["stats"]["neuron.kernel_calls"] > 0 and result["ops"]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["totals"]["done"] == 1 and summary["totals"]["compiled"] >= 1
+    later = run(f"""
+        model = transformers.AutoModelForCausalLM.from_pretrained({str(model_dir)!r}, device_map="neuron")
+        with torch.no_grad():
+            out = torch.compile(model, backend="neuron_dynamo")(input_ids=torch.randint(0, 128, (1, 8)).to("neuron"))
+        print(json.dumps({{"cache": {{k: v for k, v in neuron_dynamo.stats().items() if k.startswith("cache.")}},
+                          "device": str(out.logits.device), "stats": ours()}}))
+    """)
+    assert later["device"] == "neuron:0" and later["stats"]["neuron.kernel_calls"] > 0
+    assert later["cache"].get("cache.misses", 0) == 0 and later["cache"]["cache.hits"] >= 1

@@ -1,7 +1,7 @@
 """A fake ``torch_neuronx`` (TorchNeuron, torch-neuronx 2.14 / Neuron SDK 2.33) for CPU-only tests.
 
 Written from AWS's documentation, not from TorchNeuron's code. Put ``tests/fakes/site`` on
-``PYTHONPATH`` (see ``tests/fakes/harness.py``); importing this package (or just ``import torch``,
+``PYTHONPATH`` (see ``run_on_fake_device`` in ``tests/conftest.py``); importing this package (or just ``import torch``,
 through the ``torch.backends`` autoload entry point the real package also declares) gives:
 
 - the ``neuron`` device (:mod:`._device`): PyTorch's Python PrivateUse1 backend, every aten op
