@@ -35,6 +35,7 @@ import json
 import logging
 import os
 import shlex
+import time
 from collections.abc import Callable, Sequence
 from importlib import metadata
 from typing import Any
@@ -281,21 +282,38 @@ def plan_region(lowered: fx.GraphModule, inputs: Sequence[tuple[tuple[int, ...],
 
     The region runs once on the interpreter on zeros: that finishes every lowering that waits for its shapes
     (traced sub-lowerings, generated kernels), and records the calls with their non-tensor arguments and results.
+    A call already recorded (the next layer's, another bucket's) is not run again: zeros of its recorded outputs
+    stand in, since only the calls and their shapes matter here.
     """
     calls: list[PlannedCall] = []
 
     def record(kernel: Any, args: tuple, kwargs: dict) -> Any:
-        result = simulator.simulate(kernel, *args, **kwargs)
+        result = _recorded(kernel, args, kwargs)
+        if result is None:
+            result = simulator.simulate(kernel, *args, **kwargs)
         call = record_call(kernel, args, kwargs, result)
         if call is not None:
             calls.append(call)
         return result
 
+    start = time.perf_counter()
     zeros = [torch.empty_strided(shape, stride, dtype=dtype).zero_() for shape, stride, dtype in inputs]
     with torch.no_grad(), simulator.launching_with(record, None), torch.device("cpu"):
         lowered(*zeros)
     counters.bump("neuron.planned_calls", len(calls))
+    counters.bump("neuron.plan_seconds", time.perf_counter() - start)
     return calls
+
+
+def _recorded(kernel: Any, args: tuple, kwargs: dict) -> Any:
+    """Zeros shaped as a recorded call's results, or None when the call was never recorded."""
+    tensors, template, kw_template = _split(args, kwargs)
+    entry = KERNEL_OPS.ops.get(op_name(kernel, template, kw_template)) if tensors else None
+    planned = None if entry is None else entry.outputs.get(_specs(tensors))
+    if planned is None:
+        return None
+    outs = [torch.zeros(shape, dtype=dtype) for shape, dtype in planned[0]]
+    return tuple(outs) if planned[1] else outs[0]
 
 
 def _on_host(kernel: Any, args: tuple, kwargs: dict) -> Any:
