@@ -92,8 +92,22 @@ def test_auto_picks_neuron_for_device_inputs_and_the_simulator_for_cpu_inputs(ru
 
 def test_tiny_models_on_the_device_give_cpu_eager_outputs_with_each_kernel_registered_once(run):
     result = run("""
+        from torch.utils._python_dispatch import TorchDispatchMode
+        from torch.utils._pytree import tree_leaves
+
+        class HostTrips(TorchDispatchMode):
+            # every op of a steady compiled call that makes a CPU tensor (0-dim scalars aside)
+            def __init__(self):
+                super().__init__()
+                self.ops = []
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                if any(isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.dim() for t in tree_leaves(out)):
+                    self.ops.append(str(func))
+                return out
+
         torch.manual_seed(0)
-        found = {}
+        found, trips = {}, []
         for name, build in (("llama", llama), ("gpt2", gpt2), ("bert", bert)):
             model = build().eval()
             compiled = torch.compile(model.to("neuron"), backend="neuron_dynamo")
@@ -106,9 +120,12 @@ def test_tiny_models_on_the_device_give_cpu_eager_outputs_with_each_kernel_regis
                     model.to("neuron")
                 devices.add(str(out.device))
                 worst = max(worst, (out.cpu() - want).abs().max().item())
+            with torch.no_grad(), HostTrips() as watch:
+                compiled(ids.to("neuron"))
+            trips += watch.ops
             found[name] = {"worst": worst, "devices": sorted(devices)}
         compiles = [json.dumps([c["kernel"], repr(c["signature"])]) for c in record.kernel_compiles]
-        print(json.dumps({"models": found, "stats": ours(),
+        print(json.dumps({"models": found, "stats": ours(), "host_trips": trips,
                           "eager": neuron_dynamo.stats().get("dynamo_graphs_eager", 0),
                           "nki_ops": record.nki_ops, "compiles": compiles,
                           "neuronx_cc": [cmd for cmd in spawned if "neuronx-cc" in cmd]}))
@@ -118,6 +135,7 @@ def test_tiny_models_on_the_device_give_cpu_eager_outputs_with_each_kernel_regis
         assert model["worst"] < 1e-4, (name, model["worst"])
     stats = result["stats"]
     assert result["eager"] == 0 and stats.get("regions_failed", 0) == 0
+    assert result["host_trips"] == []  # the glue between kernels stays on the device
     assert stats["neuron.kernel_calls"] > 0 and stats.get("neuron.unplanned_calls", 0) == 0
     assert len(result["nki_ops"]) == len(set(result["nki_ops"])) == stats["neuron.kernel_ops_registered"]
     assert all(name.startswith("neuron_dynamo::") for name in result["nki_ops"])
