@@ -11,11 +11,16 @@ Layout under the cache root (versioned, so a format change never misreads old en
     v1/locks/<key>.lock             per-key compile locks (flock), holding pid, host and start time
     v1/quarantine/<key>.<n>.entry   corrupt entries, moved aside for inspection (removed by `prune`)
 
-An entry file is ``MAGIC`` + an 8-byte big-endian header length + a JSON header (key, sha256 and size of the payload,
-creation time, caller metadata) + the payload. Guarantees:
+An entry file is ``MAGIC`` + the signer's key id (16 ASCII hex digits) + an HMAC-SHA256 tag (32 bytes) + an 8-byte
+big-endian header length + a JSON header (key, sha256 and size of the payload, creation time, caller metadata) + the
+payload. The tag covers every other byte (magic, key id, header length, header, payload) under the signer's secret key
+(cache_auth.py). Guarantees:
 
 * writes go to a temporary name in the same directory, are fsynced, then `os.replace`d: readers see a whole entry or
   none, never a torn one;
+* entries are authenticated: the tag is checked before any field of an entry is read, under the user's own key or a
+  key listed in `trusted_keys`; an entry whose tag does not verify (planted, forged, signed by a stranger, or of
+  an older format) is a miss, counted in `stats.unauthenticated` and `stats.corrupt`, and quarantined;
 * a corrupt, truncated or malformed entry (and anything that is not a regular file where an entry should be) is a
   miss: it is moved to quarantine and counted, never served and never a crash;
 * trust (cache_files.py): directories of a trusted owner that no one else may write, files opened without following
@@ -45,30 +50,37 @@ import logging
 import os
 import shutil
 import socket
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from neuron_dynamo.cache_auth import KEY_ID_LEN, TAG_LEN, Keyring, load_keyring
 from neuron_dynamo.cache_files import (
     CacheError,
     UntrustedPathError,
     atomic_write,
     check_dir,
+    check_parents,
     check_root,
     make_dir,
+    make_parents,
     open_trusted,
     read_trusted,
 )
 from neuron_dynamo.errors import NeuronDynamoError
 
-__all__ = ["CacheEntry", "CacheError", "CachedCompileFailure", "CompileCache", "EntryInfo", "make_key"]
+__all__ = ["CacheEntry", "CacheError", "CachedCompileFailure", "CompileCache", "EntryInfo", "encode_entry",
+           "make_key"]
 
 log = logging.getLogger("neuron_dynamo.cache")
 
 LAYOUT_VERSION = "v1"
-MAGIC = b"NDCACHE1"
+MAGIC = b"NDCACHE2"  # 2: authenticated entries (NDCACHE1 entries are misses)
+_SIGNED = len(MAGIC) + KEY_ID_LEN  # the magic and the signer's key id, then the tag
+_BODY = _SIGNED + TAG_LEN  # then the header length, the header and the payload
 MODES = ("on", "off", "readonly")
 ORPHAN_SECONDS = 3600.0  # a temporary file older than this belongs to a writer that died: `prune` removes it
 
@@ -121,6 +133,7 @@ class CacheStats:
     misses: int = 0
     bypasses: int = 0
     corrupt: int = 0
+    unauthenticated: int = 0  # entries whose tag did not verify under a trusted key (also counted as corrupt)
     evicted: int = 0
     failures_cached: int = 0
     lock_waits: int = 0
@@ -142,6 +155,7 @@ class CompileCache:
     failure_ttl: float = 3600.0
     lock_timeout: float = 30.0
     strict: bool = True  # an unusable root raises CacheError; False: warn once and run uncached
+    trusted_keys: tuple[str | Path, ...] = ()  # key files of other signers whose entries this reader serves
     stats: CacheStats = field(default_factory=CacheStats)
 
     def __post_init__(self) -> None:
@@ -152,10 +166,13 @@ class CompileCache:
         self._owners = frozenset({os.getuid(), 0})
         self._dir_mode, self._file_mode = 0o700, 0o600
         self._checked: set[Path] = set()
+        self._set_aside: set[str] = set()  # keys found bad where they cannot be moved (read-only): never read again
         self.unusable: str | None = None  # why the cache is not used at all (strict=False only)
+        self.keys = Keyring(keys={}, own=None)  # who may have written the entries this cache serves
         if self.mode == "off":
             return
         try:
+            self.keys = load_keyring(self.trusted_keys, cache_root=self.root)
             self._prepare_root()
         except (CacheError, OSError) as exc:
             reason = str(exc) if isinstance(exc, CacheError) else (
@@ -175,7 +192,7 @@ class CompileCache:
     def get(self, key: str) -> CacheEntry | None:
         """The entry for `key`, or None. A corrupt entry is quarantined and reads as None."""
         path = self._entry_path(key)
-        if not self.active:
+        if not self.active or key in self._set_aside:
             return None
         try:
             self._directory("entries", key[:2])
@@ -194,7 +211,8 @@ class CompileCache:
         try:
             with os.fdopen(fd, "rb", closefd=False) as f:
                 raw = f.read()
-            entry = _decode(raw, key)
+            body = _unseal(raw, self.keys)
+            entry = None if body is None else _decode(body, key)
             if entry is not None and self.mode == "on":
                 with contextlib.suppress(OSError):  # read-only media: the LRU order is then best effort
                     os.utime(fd)
@@ -203,7 +221,9 @@ class CompileCache:
             return None
         finally:
             os.close(fd)
-        if entry is None:
+        if body is None:
+            self._unauthenticated(path, key, raw)
+        elif entry is None:
             self._quarantine(path, key, "checksum, size or header does not match")
         return entry
 
@@ -236,9 +256,8 @@ class CompileCache:
             "created": time.time(),
             "meta": dict(meta or {}),
         }
-        header_bytes = json.dumps(header, sort_keys=True).encode()
-        blob = MAGIC + len(header_bytes).to_bytes(8, "big") + header_bytes + payload
         try:
+            blob = encode_entry(header, payload, self.keys)
             self._directory("entries", key[:2], create=True)
             atomic_write(path, blob, self._file_mode)
         except (OSError, CacheError) as exc:
@@ -340,8 +359,12 @@ class CompileCache:
             return
         path = self._base / "locks" / f"{key}.lock"
         try:
-            os.ftruncate(fd, 0)
-            os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}).encode())
+            try:  # who holds it, for waiters to detect a dead holder; a full disk only costs that detection
+                os.ftruncate(fd, 0)
+                record = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}
+                os.write(fd, json.dumps(record).encode())
+            except OSError as exc:
+                self._problem("lock", exc)
             yield
         finally:
             with contextlib.suppress(OSError):
@@ -391,10 +414,10 @@ class CompileCache:
 
     # ------------------------------------------------------------------------------------------ maintenance
     def entries(self) -> list[EntryInfo]:
-        """Every readable entry, oldest use first (headers only)."""
+        """Every entry that reads and verifies (tag, then header), oldest use first; the others are left out."""
         infos = []
         for path in self._entry_files():
-            found = _read_header(path, self._owners)
+            found = _read_header(path, self._owners, self.keys)
             if found is not None:
                 header, st = found
                 infos.append(EntryInfo(key=header["key"], path=path, size=st.st_size, created=header["created"],
@@ -402,20 +425,24 @@ class CompileCache:
         return sorted(infos, key=lambda info: info.last_used)
 
     def verify(self) -> list[str]:
-        """Re-hash every entry; quarantine and return the keys of the corrupt ones."""
+        """Check every entry's tag, then re-hash it; quarantine and return the keys of those that fail."""
         corrupt = []
         for path in self._entry_files():
             key = path.name.removesuffix(".entry")
             try:
-                entry = _decode(read_trusted(path, self._owners), key)
+                raw = read_trusted(path, self._owners)
             except FileNotFoundError:  # evicted meanwhile
                 continue
             except UntrustedPathError:
-                entry = None
+                raw = b""
             except OSError as exc:
                 self._problem("read", exc)
                 continue
-            if entry is None:
+            body = _unseal(raw, self.keys)
+            if raw and body is None:
+                self._unauthenticated(path, key, raw)
+                corrupt.append(key)
+            elif body is None or _decode(body, key) is None:
                 self._quarantine(path, key, "does not verify")
                 corrupt.append(key)
         return corrupt
@@ -430,7 +457,7 @@ class CompileCache:
             raise CacheError(f"cannot prune a cache opened with mode={self.mode!r}; open it with cache='on'")
         if self.unusable:
             return 0
-        infos = self.entries()
+        infos = self.stored()
         now = time.time()
         keep, evict = [], []
         for info in infos:
@@ -462,8 +489,9 @@ class CompileCache:
                 return
             self._owners |= {self.root.stat().st_uid}  # a shared cache: its owner is the one the reader trusts
         else:
-            self.root.parent.mkdir(parents=True, exist_ok=True)
+            make_parents(self.root)
             make_dir(self.root, 0o700)
+        check_parents(self.root, self._owners)
         check_root(self.root, self._owners)
         shared = self.root.stat().st_mode & 0o055  # what the root grants group and others, its entries grant too
         self._dir_mode, self._file_mode = 0o700 | shared, 0o600 | (shared & 0o044)
@@ -481,6 +509,18 @@ class CompileCache:
             check_dir(path, self._owners)
             self._checked.add(path)
         return path
+
+    def stored(self) -> list[EntryInfo]:
+        """Every entry file, verified or not, with its size and last use from `lstat` alone: what `prune` weighs
+        (it reads nothing of an entry; a planted file takes space too, and evicting it is harmless)."""
+        infos = []
+        for path in self._entry_files():
+            with contextlib.suppress(OSError):
+                st = path.lstat()
+                if stat.S_ISREG(st.st_mode):
+                    infos.append(EntryInfo(key=path.name.removesuffix(".entry"), path=path, size=st.st_size,
+                                           created=st.st_mtime, last_used=st.st_mtime, meta={}))
+        return sorted(infos, key=lambda info: info.last_used)
 
     def _entry_files(self) -> list[Path]:
         paths = []
@@ -521,11 +561,26 @@ class CompileCache:
             raise CacheError(f"cache key {key!r} is not a lowercase hex digest; build keys with make_key()")
         return self._base / "entries" / key[:2] / f"{key}.entry"
 
+    def _unauthenticated(self, path: Path, key: str, raw: bytes) -> None:
+        """Count and quarantine an entry whose tag does not verify, saying why (the key id is only reported)."""
+        self.stats.unauthenticated += 1
+        signer = raw[len(MAGIC):_SIGNED].decode("ascii", "replace")
+        if len(raw) < _BODY or not raw.startswith(MAGIC):
+            reason = "not an authenticated entry (truncated, or of another format or version)"
+        elif signer in self.keys.keys:
+            reason = "its tag does not verify: altered or forged"
+        else:
+            reason = f"signed by key {signer!r}, which is neither yours nor listed in cache_trusted_keys"
+        self._quarantine(path, key, f"not authenticated: {reason}")
+
     def _quarantine(self, path: Path, key: str, reason: str) -> None:
         self.stats.corrupt += 1
-        log.warning("corrupt cache entry %s (%s): treated as a miss and moved to quarantine", path, reason)
         if self.mode != "on" or self.unusable:
+            self._set_aside.add(key)
+            log.warning("corrupt cache entry %s (%s): treated as a miss and ignored by this process (the cache is "
+                        "read-only, so it stays in place)", path, reason)
             return
+        log.warning("corrupt cache entry %s (%s): treated as a miss and moved to quarantine", path, reason)
         try:
             target = self._directory("quarantine", create=True) / f"{key}.{time.time_ns()}.entry"
             os.replace(path, target)
@@ -546,8 +601,30 @@ class CompileCache:
         (log.warning if first else log.debug)(message, self.root, error)
 
 
-def _decode(raw: bytes, key: str) -> CacheEntry | None:
-    parts = _split(raw)
+def encode_entry(header: Mapping, payload: bytes, keys: Keyring) -> bytes:
+    """The bytes of an entry file: `header` (as JSON) and `payload`, signed with the user's key in `keys`."""
+    header_bytes = json.dumps(header, sort_keys=True).encode()
+    return _seal(len(header_bytes).to_bytes(8, "big") + header_bytes + payload, keys)
+
+
+def _seal(body: bytes, keys: Keyring) -> bytes:
+    """An entry of `body` (header length, header, payload) signed with the user's key."""
+    signed = MAGIC + keys.signer()
+    return signed + keys.sign(signed + body) + body
+
+
+def _unseal(raw: bytes, keys: Keyring) -> bytes | None:
+    """The body of an entry whose tag verifies under a key of `keys`, else None; nothing of the body is read."""
+    if len(raw) < _BODY or not raw.startswith(MAGIC):
+        return None
+    if not keys.verify(raw[len(MAGIC):_SIGNED], raw[:_SIGNED] + raw[_BODY:], raw[_SIGNED:_BODY]):
+        return None
+    return raw[_BODY:]
+
+
+def _decode(body: bytes, key: str) -> CacheEntry | None:
+    """The entry of an authenticated `body` (see `_unseal`), or None unless header and checksum match."""
+    parts = _split(body)
     if parts is None:
         return None
     header, payload = parts
@@ -560,19 +637,18 @@ def _decode(raw: bytes, key: str) -> CacheEntry | None:
     return CacheEntry(key=key, payload=payload, meta=header["meta"], created=header["created"])
 
 
-def _split(raw: bytes) -> tuple[dict, bytes] | None:
-    """The header and payload of an entry, or None unless the header has every field with its type."""
-    if len(raw) < len(MAGIC) + 8 or not raw.startswith(MAGIC):
+def _split(body: bytes) -> tuple[dict, bytes] | None:
+    """The header and payload of an authenticated body, or None unless the header has every field with its type."""
+    if len(body) < 8:
         return None
-    start = len(MAGIC) + 8
-    header_len = int.from_bytes(raw[len(MAGIC) : start], "big")
+    header_len = int.from_bytes(body[:8], "big")
     try:
-        header = json.loads(raw[start : start + header_len])
+        header = json.loads(body[8 : 8 + header_len])
     except (ValueError, RecursionError):
         return None
     if not _well_formed(header):
         return None
-    return header, raw[start + header_len :]
+    return header, body[8 + header_len :]
 
 
 def _well_formed(header: object) -> bool:
@@ -581,20 +657,20 @@ def _well_formed(header: object) -> bool:
             and isinstance(header.get("created"), float | int) and not isinstance(header.get("created"), bool))
 
 
-def _read_header(path: Path, owners: frozenset[int]) -> tuple[dict, os.stat_result] | None:
+def _read_header(path: Path, owners: frozenset[int], keys: Keyring) -> tuple[dict, os.stat_result] | None:
+    """The header of an entry that verifies (the whole file is read: the tag covers the payload too), or None."""
     try:
         fd = open_trusted(path, os.O_RDONLY, owners)
     except (OSError, CacheError):
         return None
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(fd)
-        prefix = f.read(len(MAGIC) + 8)
-        if len(prefix) == len(MAGIC) + 8 and prefix.startswith(MAGIC):
-            header_len = int.from_bytes(prefix[len(MAGIC) :], "big")
-            parts = _split(prefix + f.read(min(header_len, st.st_size)))
-            if parts is not None:
-                return parts[0], st
-    return None
+        try:
+            body = _unseal(f.read(), keys)
+        except OSError:
+            return None
+    parts = None if body is None else _split(body)
+    return None if parts is None else (parts[0], st)
 
 
 def _read_holder(path: Path) -> dict:

@@ -86,6 +86,31 @@ def check_root(root: Path, owners: frozenset[int]) -> None:
     check_mode(root, st, owners, "root directory")
 
 
+def check_parents(root: Path, owners: frozenset[int]) -> None:
+    """Every directory above the root (as the kernel walks it, links resolved): owned by a trusted owner, and
+    writable by no one else unless sticky (as /tmp is: there no one may rename what is not theirs). Whoever may rename
+    in a parent can swap the whole tree after the checks below it."""
+    for parent in Path(os.path.realpath(root)).parents:
+        st = os.stat(parent)
+        if st.st_uid not in owners:
+            raise UntrustedPathError(
+                f"{parent}, above the cache root {root}, belongs to {_describe_owner(st.st_uid)}, who could swap the "
+                "cache tree after it is checked. Choose a cache_dir whose parents are yours or root's "
+                "(e.g. ~/.cache/neuron_dynamo)")
+        if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+            raise UntrustedPathError(
+                f"{parent}, above the cache root {root}, is writable by group or others (mode "
+                f"{stat.S_IMODE(st.st_mode):04o}), so someone else could swap the cache tree after it is checked. Run "
+                f"`chmod go-w {parent}`, or choose a cache_dir whose parents only you (or root) can write")
+
+
+def make_parents(path: Path) -> None:
+    """Create the missing directories of `path` (not `path` itself) with mode 0700, whatever the umask."""
+    missing = [parent for parent in Path(path).parents if not parent.exists()]
+    for parent in reversed(missing):
+        make_dir(parent, 0o700)
+
+
 def make_dir(path: Path, mode: int) -> bool:
     """Create `path` with exactly `mode` (umask notwithstanding); False if it existed already."""
     try:

@@ -46,6 +46,7 @@ PROGRAM_FORMAT = 2
 KEY_EXEMPT_OPTIONS = frozenset({
     # where and how the cache itself works
     "cache", "cache_dir", "cache_tag", "cache_max_mb", "cache_failure_ttl", "retry_failed", "cache_lock_timeout",
+    "cache_trusted_keys",  # who may have signed an entry: a writer and its readers must compute the same keys
     # bucketing chooses the static graph and shapes, which are in the key themselves
     "bucketing", "bucket_policy", "bucket_multiple", "buckets", "bucket_dims", "max_bucket", "beyond_max_bucket",
 })

@@ -3,6 +3,7 @@
     neuron-precompile warm MODEL --batch-sizes 1,4 --seq-lens 128,512 [--train] [--workers 2]
     torchrun --nproc-per-node=2 -m neuron_dynamo.cli warm MODEL_DIR --tp-size 2 --seq-lens 128,512
     neuron-precompile ls | verify | prune --max-size 20G --older-than 30d | clear-locks
+    neuron-precompile key [--json]                          # your cache key's file and id (made if missing)
     neuron-precompile selfcheck --json selfcheck.json      # on a Trainium host: device against simulator
 
 `warm` compiles by *running* the model under the same backend, options and cache directory as the real run, so the
@@ -16,12 +17,16 @@ tensor_parallel_rank`); rank 0 shows the progress and the result, merged over th
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
 import json
 import multiprocessing
 import os
 import queue as queue_module
 import re
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -178,8 +183,10 @@ def build_parser() -> argparse.ArgumentParser:
                              description="List the cache entries, least recently used first.")
     ls.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
-    commands.add_parser("verify", help="re-hash every entry and quarantine the corrupt ones (exit status 1 if any)",
-                        description="Re-hash every entry; corrupt ones are moved to quarantine and listed.")
+    commands.add_parser("verify", help="check every entry's tag and checksum and quarantine the corrupt ones (exit "
+                        "status 1 if any)",
+                        description="Check every entry's tag (signed by your key or one in cache_trusted_keys), then "
+                        "re-hash it; entries that fail either are moved to quarantine and listed as corrupt.")
 
     prune = commands.add_parser("prune", help="evict old entries, then least recently used ones above a size",
                                 description="Evict entries unused for --older-than, then the least recently "
@@ -191,6 +198,14 @@ def build_parser() -> argparse.ArgumentParser:
                         description="Remove every per-key compile lock. Locks of dead processes are released by "
                         "the kernel on local disks; this is for network file systems. Run it only while no "
                         "process uses the cache.")
+
+    key = commands.add_parser(
+        "key", help="show the file and id of your cache key (creating it, mode 0600, if missing)",
+        description="Print the path and the key id of the secret key that signs your cache entries "
+        "($XDG_CONFIG_HOME/neuron_dynamo/cache-key, else ~/.config/neuron_dynamo/cache-key), creating it if missing, "
+        "and the ids of the key files listed in cache_trusted_keys. The id is public: compare it with the id the "
+        "signer's `neuron-precompile key` shows before you trust a copy of their key.")
+    key.add_argument("--json", action="store_true", help="print JSON instead of text")
 
     selfcheck = commands.add_parser(
         "selfcheck", help="on a Trainium host: run the kernel library and two tiny models on the device and on the "
@@ -291,6 +306,7 @@ def _warm(ns: argparse.Namespace, root: Path, options: dict[str, str], rank: int
     check_size_flags(ns, loaded.sizes)
     tasks = _tasks(ns, loaded)
     cache = CompileCache(root=root)  # created only now, once the arguments are known to be usable
+    stored_before = {entry.key for entry in cache.stored()}
     runs = plan(tasks, ns.dynamic, ns.train)
     for run in runs:
         for index in run.tasks:
@@ -316,11 +332,16 @@ def _warm(ns: argparse.Namespace, root: Path, options: dict[str, str], rank: int
         tasks = merge_ranks(per_rank)
     summary = _summary(ns, cache, options, tasks, runs, errors, time.perf_counter() - start, per_rank)
     totals = summary["totals"]
+    totals["stored"] = len({entry.key for entry in cache.stored()} - stored_before)
+    unstored = max(0, totals["compiled"] - totals["stored"])
     if not rank:  # rank 0 of a tensor-parallel warm speaks for all ranks
         _print_result(ns, summary, tasks, runs, errors)
+        if unstored:
+            print(f"  {unstored} compiled program(s) were not stored in {cache.root} (a full disk or a read-only file "
+                  "system? see the warnings above): a later run compiles them again")
         if ns.summary:
             ns.summary.expanduser().write_text(json.dumps(summary, indent=2))
-    return 1 if totals["failed"] or errors else 0
+    return 1 if totals["failed"] or errors or unstored else 0
 
 
 def _print_result(ns: argparse.Namespace, summary: dict[str, Any], tasks: list[Task], runs: list[Run],
@@ -374,7 +395,7 @@ def _execute(spec: str, loaded: Loaded, tasks: list[Task], runs: list[Run], sett
         return []
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
-    processes = [context.Process(target=_worker, args=(spec, tasks, share_, settings, queue))
+    processes = [context.Process(target=_worker, args=(spec, tasks, share_, settings, queue, os.getpid()))
                  for share_ in share(runs, tasks, workers)]
     for process in processes:
         process.start()
@@ -397,7 +418,25 @@ def _execute(spec: str, loaded: Loaded, tasks: list[Task], runs: list[Run], sett
     return errors
 
 
-def _worker(spec: str, tasks: list[Task], runs: list[Run], settings: dict[str, Any], queue: Any) -> None:
+def _die_with_parent(parent: int) -> None:
+    """A worker ends when `warm` does, even by `kill -9`: Linux's parent-death signal, and a watch on the parent
+    (for other systems, and for a parent that died before the signal was armed)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:
+        os._exit(1)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="neuron-precompile-parent-watch").start()
+
+
+def _worker(spec: str, tasks: list[Task], runs: list[Run], settings: dict[str, Any], queue: Any,
+            parent: int) -> None:
+    _die_with_parent(parent)
     try:
         loaded = load_model(spec, settings["random_weights"], settings["inputs"], settings["text_len"],
                             settings["tp_size"])
@@ -449,7 +488,14 @@ def _existing_cache(root: Path, mode: str, what: str, stream: Any = None) -> Com
         print(f"no compile cache at {root} (missing): nothing to {what}. The first compile or `neuron-precompile "
               "warm` creates it; --cache-dir or $NEURON_DYNAMO_CACHE_DIR choose another one", file=stream)
         return None
-    return CompileCache(root=root, mode=mode)
+    return CompileCache(root=root, mode=mode, trusted_keys=_trusted_keys())
+
+
+def _trusted_keys() -> tuple[str, ...]:
+    """The key files listed in $NEURON_DYNAMO_CACHE_TRUSTED_KEYS (the option cache_trusted_keys)."""
+    from neuron_dynamo.options import resolve_options
+
+    return resolve_options().cache_trusted_keys
 
 
 def ls(ns: argparse.Namespace, root: Path) -> int:
@@ -477,6 +523,10 @@ def ls(ns: argparse.Namespace, root: Path) -> int:
     locks = cache.locks()
     print(f"{len(entries)} entries, {_size(sum(e.size for e in entries))} in {cache.root}"
           + (f"; {len(locks)} compile lock(s) held" if locks else ""))
+    hidden = len(cache.stored()) - len(entries)
+    if hidden:
+        print(f"{hidden} entry file(s) not shown: they do not verify under your key or cache_trusted_keys (planted, "
+              "damaged, or of an older format); `neuron-precompile verify` quarantines them")
     return 0
 
 
@@ -535,8 +585,24 @@ def selfcheck(ns: argparse.Namespace, root: Path) -> int:
     return 0 if not summary["failed"] else 1
 
 
+def show_key(ns: argparse.Namespace, root: Path) -> int:
+    from neuron_dynamo.cache_auth import key_id, read_key, user_key
+
+    path, own, created = user_key(create=True)
+    trusted = [{"path": str(Path(p).expanduser()), "key_id": key_id(read_key(Path(p).expanduser(),
+                "trusted cache key file"))} for p in _trusted_keys()]
+    if ns.json:
+        print(json.dumps({"path": str(path), "key_id": key_id(own), "created": created, "trusted": trusted}, indent=2))
+        return 0
+    print(f"key file: {path}" + (" (created now, mode 0600)" if created else ""))
+    print(f"key id:   {key_id(own)}")
+    for item in trusted:
+        print(f"trusted:  {item['key_id']}  {item['path']}")
+    return 0
+
+
 COMMANDS = {"warm": warm, "ls": ls, "verify": verify, "prune": prune, "clear-locks": clear_locks,
-            "selfcheck": selfcheck}
+            "key": show_key, "selfcheck": selfcheck}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

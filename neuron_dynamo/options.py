@@ -11,10 +11,12 @@ defaults of a whole run (CI, a shell), the code states what a particular call ne
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import os
 import re
 import typing
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -112,6 +114,12 @@ class Options:
         "Seconds to wait for another process compiling the same program before compiling it too (a holder that "
         "died is detected at once; compiling twice is slower, never wrong).",
         minimum=0,
+    )
+    cache_trusted_keys: tuple[str, ...] = _option(
+        (),
+        "Key files of other users whose cache entries you trust, e.g. the CI account's for a shared read-only cache "
+        "(your own key is always trusted). Each must be a file of yours, mode 0600. From the environment: a "
+        "comma-separated list. See the threat model under Compile cache.",
     )
     device_mode: str = _option(
         "eager",
@@ -228,7 +236,29 @@ def _lookup(namespace: str, op: str) -> Any:
     return packet if isinstance(packet, torch._ops.OpOverloadPacket) else None
 
 
-_VALUE_CHECKS: dict[str, Callable[[Any], None]] = {"lnc": _check_lnc, "eager_ops": _check_eager_ops}
+def _check_cache_dir(value: str) -> None:
+    if "\0" in value:  # the OS would refuse it at the first use, after the graph was traced: refuse it now
+        raise OptionError(f"option 'cache_dir' contains a NUL byte ({value!r}); give a directory path without one")
+
+
+_VALUE_CHECKS: dict[str, Callable[[Any], None]] = {
+    "lnc": _check_lnc, "eager_ops": _check_eager_ops, "cache_dir": _check_cache_dir}
+
+# NEURON_DYNAMO_* variables that are not options but are read elsewhere (logging, the interpreter's replay switch)
+OTHER_VARIABLES = frozenset({"NEURON_DYNAMO_LOG", "NEURON_DYNAMO_NKI_REPLAY"})
+_warned_variables: set[str] = set()
+
+
+def _warn_unknown_variables(environ: Mapping[str, str]) -> None:
+    """A misspelt NEURON_DYNAMO_* variable would be ignored without a word: say so once, naming the closest."""
+    known = {ENV_PREFIX + name.upper() for name in Options.names()} | OTHER_VARIABLES
+    for name in environ:
+        if name.startswith(ENV_PREFIX) and name not in known and name not in _warned_variables:
+            _warned_variables.add(name)
+            closest = difflib.get_close_matches(name, sorted(known), n=1)
+            hint = f"; did you mean {closest[0]}?" if closest else f"; known ones: {', '.join(sorted(known))}"
+            warnings.warn(f"the environment variable {name} is not a neuron-dynamo setting and is ignored{hint}",
+                          UserWarning, stacklevel=3)
 
 
 def _coerce(field: dataclasses.Field, value: Any, source: str) -> Any:
@@ -244,8 +274,10 @@ def _coerce(field: dataclasses.Field, value: Any, source: str) -> Any:
                     raise OptionError(f"{source} must be a comma-separated list of integers, got {value!r}") from None
             return items
         if isinstance(value, (list, tuple, set, frozenset)):
-            return tuple(value)
+            return tuple(os.fspath(item) if isinstance(item, os.PathLike) else item for item in value)
         return value
+    if expected is str and isinstance(value, os.PathLike):  # cache_dir=Path(...)
+        return os.fspath(value)
     if isinstance(value, str) and expected is int:
         try:
             return int(value)
@@ -277,6 +309,7 @@ def resolve_options(
             f"unknown option(s) {', '.join(map(repr, unknown))} for backend 'neuron'; valid options: {', '.join(valid)}"
         )
     environ = os.environ if environ is None else environ
+    _warn_unknown_variables(environ)
     values = {}
     for field in dataclasses.fields(Options):
         env_name = ENV_PREFIX + field.name.upper()

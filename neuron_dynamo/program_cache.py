@@ -161,12 +161,13 @@ def cache_for(options: Options) -> CompileCache:
     """The process's store for these options (one per directory, mode and limits)."""
     root = Path(options.cache_dir).expanduser() if options.cache_dir else default_cache_dir()
     max_bytes = options.cache_max_mb * 2**20 if options.cache_max_mb else None
-    spec = (str(root), options.cache, max_bytes, options.cache_failure_ttl, options.cache_lock_timeout)
+    spec = (str(root), options.cache, max_bytes, options.cache_failure_ttl, options.cache_lock_timeout,
+            options.cache_trusted_keys)
     with _caches_lock:
         if spec not in _caches:
             _caches[spec] = CompileCache(
                 root=root, mode=options.cache, max_bytes=max_bytes, failure_ttl=float(options.cache_failure_ttl),
-                lock_timeout=float(options.cache_lock_timeout), strict=False,
+                lock_timeout=float(options.cache_lock_timeout), strict=False, trusted_keys=options.cache_trusted_keys,
             )
         return _caches[spec]
 
@@ -312,7 +313,8 @@ def _through_cache(cache, key, gm, options, target, build, wrap) -> tuple[BuiltP
 
 
 def _publish(before: Any, after: Any) -> None:
-    for field in ("hits", "misses", "bypasses", "corrupt", "evicted", "lock_waits", "lock_timeouts", "errors"):
+    for field in ("hits", "misses", "bypasses", "corrupt", "unauthenticated", "evicted", "lock_waits",
+                  "lock_timeouts", "errors"):
         delta = getattr(after, field) - getattr(before, field)
         if delta:
             counters.bump(f"cache.{field}", delta)

@@ -52,6 +52,12 @@ def cache_dir(tmp_path, monkeypatch):
     return path
 
 
+@pytest.fixture(autouse=True)
+def _private_cache_key(tmp_path_factory, monkeypatch):
+    """Every test signs cache entries with a key of its own (never ~/.config): a config directory per test."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.mktemp("config")))
+
+
 def pytest_addoption(parser):
     parser.addoption("--fuzz-long", action="store_true", default=False,
                      help="tests/passes/test_padding_fuzz.py: many random examples (not derandomized), and a summary")

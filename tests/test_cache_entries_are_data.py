@@ -12,11 +12,10 @@ import json
 import pytest
 import torch
 
+import neuron_dynamo.cache as cache_module
 from neuron_dynamo import counters
 from neuron_dynamo.lowering.artifact import ArtifactError, decode_graph, load_region, resolve_op
 from neuron_dynamo.lowering.codegen import CodegenError, _literal
-
-MAGIC_LEN = 8
 
 
 def model(x, y):
@@ -29,15 +28,27 @@ def run_compiled(x, y):
 
 
 def read_entry(path):
+    """(header, program document) of an entry file."""
     raw = path.read_bytes()
-    size = int.from_bytes(raw[MAGIC_LEN:MAGIC_LEN + 8], "big")
-    return json.loads(raw[MAGIC_LEN + 8:MAGIC_LEN + 8 + size]), json.loads(raw[MAGIC_LEN + 8 + size:])
+    if hasattr(cache_module, "encode_entry"):  # entries signed with the user's key (cache_auth.py)
+        from neuron_dynamo.cache_auth import load_keyring
+
+        header, payload = cache_module._split(cache_module._unseal(raw, load_keyring()))
+        return header, json.loads(payload)
+    size = int.from_bytes(raw[8:16], "big")
+    return json.loads(raw[16:16 + size]), json.loads(raw[16 + size:])
 
 
 def write_entry(path, header, document):
-    """What an attacker with write access does: a new payload and a recomputed, valid header."""
+    """What an attacker with write access (and, for signed entries, the key) does: a new payload and a recomputed,
+    valid header and tag. Only the decoder stands between such an entry and the reader."""
     payload = json.dumps(document).encode()
     header = {**header, "sha256": hashlib.sha256(payload).hexdigest(), "size": len(payload)}
+    if hasattr(cache_module, "encode_entry"):
+        from neuron_dynamo.cache_auth import load_keyring
+
+        path.write_bytes(cache_module.encode_entry(header, payload, load_keyring()))
+        return
     header_bytes = json.dumps(header).encode()
     path.write_bytes(b"NDCACHE1" + len(header_bytes).to_bytes(8, "big") + header_bytes + payload)
 

@@ -22,7 +22,8 @@ import torch
 
 import neuron_dynamo.cache as cache_module
 from neuron_dynamo import counters
-from neuron_dynamo.cache import MAGIC, CachedCompileFailure, CompileCache, make_key
+from neuron_dynamo.cache import CachedCompileFailure, CompileCache, encode_entry, make_key
+from neuron_dynamo.cache_auth import load_keyring
 
 KEY = make_key({"faults": 1})
 
@@ -108,6 +109,16 @@ def planted_entry(cache, key=KEY):
     return cache._entry_path(key)
 
 
+def read_signed(path):
+    """(header, payload) of an entry signed with this user's key (the tests' own, see conftest.py)."""
+    return cache_module._split(cache_module._unseal(path.read_bytes(), load_keyring()))
+
+
+def write_signed(path, header, payload):
+    """What someone holding the user's key writes: these entries pass authentication, and must still be checked."""
+    path.write_bytes(encode_entry(header, payload, load_keyring()))
+
+
 def test_a_fifo_named_like_an_entry_hangs_nothing(tmp_path):
     cache = CompileCache(root=tmp_path)
     cache.put(KEY, b"payload")
@@ -151,11 +162,8 @@ def test_malformed_but_checksum_valid_headers_are_quarantined(tmp_path, field, v
     cache = CompileCache(root=tmp_path)
     cache.put(KEY, b"payload", {"a": 1})
     path = planted_entry(cache)
-    raw = path.read_bytes()
-    size = int.from_bytes(raw[8:16], "big")
-    header = {**json.loads(raw[16:16 + size]), field: value}
-    header_bytes = json.dumps(header).encode()
-    path.write_bytes(MAGIC + len(header_bytes).to_bytes(8, "big") + header_bytes + raw[16 + size:])
+    header, payload = read_signed(path)
+    write_signed(path, {**header, field: value}, payload)
     assert cache.get(KEY) is None and cache.stats.corrupt == 1
     assert cache.entries() == []
 
@@ -187,9 +195,8 @@ def test_an_entry_failing_at_run_time_is_quarantined_and_compiled_again(cache_di
 
     check_model()
     (entry,) = cache_dir.glob("v1/entries/*/*.entry")
-    raw = entry.read_bytes()
-    size = int.from_bytes(raw[8:16], "big")
-    header, document = json.loads(raw[16:16 + size]), json.loads(raw[16 + size:])
+    header, payload = read_signed(entry)
+    document = json.loads(payload)
     (name, region), = document["regions"].items()
     rows = json.loads(base64.b64decode(region["artifact"])[1:])
     mm = next(row for row in rows if row[0] == "call_function" and row[2].get("kernel") == "aten.mm.default")
@@ -199,8 +206,7 @@ def test_an_entry_failing_at_run_time_is_quarantined_and_compiled_again(cache_di
     import hashlib
 
     header.update(sha256=hashlib.sha256(payload).hexdigest(), size=len(payload))
-    header_bytes = json.dumps(header).encode()
-    entry.write_bytes(MAGIC + len(header_bytes).to_bytes(8, "big") + header_bytes + payload)
+    write_signed(entry, header, payload)
     counters.reset_stats()
     check_model()
     stats = cache_counters()

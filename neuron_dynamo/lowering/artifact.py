@@ -4,9 +4,14 @@ A cache entry is read from disk, so decoding treats it as untrusted data that mu
 own (the directory checks of cache.py keep strangers out; this keeps a planted entry harmless even so):
 
 * a call target is looked up by *name* in closed tables, never by module path and never imported: aten/prims ops
-  (must resolve to a registered `OpOverload`), registry kernels (op + target), pattern kernels, a fixed set of
-  Python functions (`operator.getitem`, ...), and generated kernels, which are stored as their fused-group spec
-  and whose NKI source is generated again on load;
+  admitted by the rule of lowering/op_table.py (pure by their schemas: no file, print, process state or string
+  that names anything), torch.distributed's functional collectives, the higher-order ops that run the graph's own
+  subgraphs, registry kernels (op + target), pattern kernels, a fixed set of Python functions (`operator.getitem`,
+  size arithmetic, ...), and generated kernels, which are stored as their fused-group spec and whose NKI source
+  is generated again on load;
+* a `call_method` node names a method of `op_table.TENSOR_METHODS` and runs only on a tensor (`TensorMethod`);
+  size arithmetic takes numbers only and stays within int64 (`_Arithmetic`);
+* constant sizes are bounded (`op_table.MAX_ELEMENTS` elements per size argument or fused-group shape);
 * every string that `torch.fx` pastes into the Python source of a GraphModule (placeholder and attribute targets,
   method names, keyword names, node names) must be an identifier;
 * constants are JSON scalars or tagged values (floats by `repr`, dtypes, devices, memory formats, layouts,
@@ -29,6 +34,7 @@ import torch
 import torch.fx as fx
 
 from neuron_dynamo.errors import NeuronDynamoError
+from neuron_dynamo.lowering import op_table
 from neuron_dynamo.lowering.codegen import GroupSpec, Ref, Step, emitter_for
 from neuron_dynamo.lowering.generated import FusedKernel, match_strides, sole_input
 from neuron_dynamo.lowering.patterns import PATTERN_KERNELS, PatternKernel
@@ -40,24 +46,76 @@ _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _ATTRIBUTE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
 _OP_PART = re.compile(r"(?!__)[A-Za-z_][A-Za-z0-9_]*\Z")  # no dunders: `aten.__class__...` names no op
 
-# The Python functions a stored graph may call: what Dynamo/AOTAutograd and the lowering put in graphs.
-_FUNCTIONS: dict[str, Any] = {
-    **{f"operator.{name}": getattr(operator, name) for name in (
-        "getitem", "add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "neg", "pos", "abs", "eq", "ne", "lt",
-        "le", "gt", "ge", "and_", "or_", "xor", "invert", "not_")},
-    **{f"math.{name}": getattr(math, name) for name in ("floor", "ceil", "trunc", "sqrt")},
-    **{f"torch.{name}": getattr(torch, name) for name in (
-        "sym_int", "sym_float", "sym_max", "sym_min", "sym_not", "sym_ite", "sym_sqrt")},
-    "neuron_dynamo.match_strides": match_strides,
-    "neuron_dynamo.sole_input": sole_input,
-}
-_FUNCTION_NAMES = {id(fn): name for name, fn in _FUNCTIONS.items()}
-_TORCH_TYPES = {"dtype": torch.dtype, "memory_format": torch.memory_format, "layout": torch.layout}
-_NODE_OPS = ("placeholder", "get_attr", "call_function", "call_method", "call_module", "output")
-
 
 class ArtifactError(NeuronDynamoError):
     """A graph that cannot be stored, or stored data that does not decode to one."""
+
+
+_NUMBERS = (bool, int, float, torch.SymInt, torch.SymFloat, torch.SymBool, torch.Tensor)
+_INT64 = 2**63
+
+
+class _Arithmetic:
+    """A Python function of size arithmetic (`operator.mul`, `math.ceil`, ...) as a decoded graph calls it: on
+    numbers, SymInts and tensors only (never `list * n`), with an int exponent of at most 64 and an int result
+    within int64, so that no chain of stored operations grows an integer or a sequence without bound."""
+
+    def __init__(self, name: str, fn: Any) -> None:
+        self.fn = fn
+        self.__name__ = f"bounded_{name.replace('.', '_')}"  # not `mul` of `_operator`: fx would inline `a * b`
+        self.__module__ = __name__
+
+    def __call__(self, *args: Any) -> Any:
+        if not all(isinstance(arg, _NUMBERS) for arg in args):
+            raise ArtifactError(f"{self.__name__} of {[type(arg).__name__ for arg in args]}: numbers only")
+        if self.fn is operator.pow and type(args[1]) is int and abs(args[1]) > 64:
+            raise ArtifactError(f"an integer power of {args[1]}")
+        result = self.fn(*args)
+        if type(result) is int and not -_INT64 <= result < _INT64:
+            raise ArtifactError("size arithmetic beyond int64")
+        return result
+
+    def __repr__(self) -> str:
+        return f"_Arithmetic({self.__name__})"
+
+
+class TensorMethod:
+    """A decoded `call_method` node: the method `name` of its first argument, which must be a tensor (a storage,
+    a list or another object has methods that import modules or map files). Encoded back as a `call_method` row."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.__name__ = f"tensor_{name}"
+        self.__module__ = __name__
+
+    def __call__(self, receiver: Any, *args: Any, **kwargs: Any) -> Any:
+        if not isinstance(receiver, torch.Tensor):
+            raise ArtifactError(f"a stored graph calls .{self.name}() on a {type(receiver).__name__}, not a tensor")
+        return getattr(receiver, self.name)(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"TensorMethod({self.name})"
+
+
+# The Python functions a stored graph may call: what Dynamo/AOTAutograd and the lowering put in graphs.
+_ARITHMETIC: dict[str, Any] = {
+    **{f"operator.{name}": getattr(operator, name) for name in (
+        "add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "neg", "pos", "abs", "eq", "ne", "lt", "le",
+        "gt", "ge", "and_", "or_", "xor", "invert", "not_")},
+    **{f"math.{name}": getattr(math, name) for name in ("floor", "ceil", "trunc", "sqrt")},
+    **{f"torch.{name}": getattr(torch, name) for name in (
+        "sym_int", "sym_float", "sym_max", "sym_min", "sym_not", "sym_ite", "sym_sqrt")},
+}
+_FUNCTIONS: dict[str, Any] = {
+    "operator.getitem": operator.getitem,
+    **{name: _Arithmetic(name, fn) for name, fn in _ARITHMETIC.items()},
+    "neuron_dynamo.match_strides": match_strides,
+    "neuron_dynamo.sole_input": sole_input,
+}
+# Encoding names the plain functions (in graphs being stored) and their bounded forms (in graphs read back).
+_FUNCTION_NAMES = {id(fn): name for name, fn in {**_ARITHMETIC, **_FUNCTIONS}.items()}
+_TORCH_TYPES = {"dtype": torch.dtype, "memory_format": torch.memory_format, "layout": torch.layout}
+_NODE_OPS = ("placeholder", "get_attr", "call_function", "call_method", "call_module", "output")
 
 
 def _checked(pattern: re.Pattern, text: Any, what: str) -> str:
@@ -126,7 +184,10 @@ def decode_value(value: Any, built: list[fx.Node] | None = None) -> Any:
 
 # ----------------------------------------------------------------------------------------------------- targets
 def resolve_op(name: Any) -> torch._ops.OpOverload:
-    """The registered op overload named `namespace.op.overload` (e.g. `aten.mm.default`), or ArtifactError."""
+    """The registered op overload named `namespace.op.overload` (e.g. `aten.mm.default`), or ArtifactError.
+
+    Registered is not harmless (`aten.from_file` is registered): a stored graph calls ops of `listed_op`, and the
+    kernels and fused steps resolved here are closed by the registry and by the NKI emitters."""
     parts = name.split(".") if isinstance(name, str) else []
     if len(parts) != 3 or not all(_OP_PART.match(part) for part in parts):
         raise ArtifactError(f"{name!r} does not name an op overload")
@@ -134,6 +195,15 @@ def resolve_op(name: Any) -> torch._ops.OpOverload:
     if not isinstance(found, torch._ops.OpOverload):
         raise ArtifactError(f"no op {name!r} is registered")
     return found
+
+
+def listed_op(name: Any) -> torch._ops.OpOverload:
+    """The op named `name` if it is in the closed op table (op_table.py), else ArtifactError."""
+    op = resolve_op(name)
+    reason = op_table.refusal(op)
+    if reason is not None:
+        raise ArtifactError(f"a stored graph calls {name}, which is not in the op table: {reason}")
+    return op
 
 
 def _encode_target(target: Any) -> dict[str, Any]:
@@ -165,15 +235,19 @@ def _decode_target(target: Any) -> Any:
         shape = target.get("shape")
         if not isinstance(shape, list) or not all(type(size) is int and size >= 0 for size in shape):
             raise ArtifactError(f"malformed fused kernel shape {shape!r}")
+        if math.prod(shape) > op_table.MAX_ELEMENTS:
+            raise ArtifactError(f"a fused kernel of more than {op_table.MAX_ELEMENTS} elements")
         return FusedKernel(_decode_spec(target["fused"]), shape)
     if "pattern" in target:
         if target["pattern"] not in PATTERN_KERNELS:
             raise ArtifactError(f"no pattern kernel {target['pattern']!r}")
         return PATTERN_KERNELS[target["pattern"]]
     if "op" in target:
-        return resolve_op(target["op"])
+        return listed_op(target["op"])
     if "hop" in target:
-        found = getattr(torch.ops.higher_order, _checked(_OP_PART, target["hop"], "a higher-order op"), None)
+        if target["hop"] not in op_table.HIGHER_ORDER:
+            raise ArtifactError(f"a stored graph calls the higher-order op {target['hop']!r}, not in the table")
+        found = getattr(torch.ops.higher_order, target["hop"], None)
         if not isinstance(found, torch._ops.HigherOrderOperator):
             raise ArtifactError(f"no higher-order op {target['hop']!r}")
         return found
@@ -211,6 +285,7 @@ def _decode_spec(data: Any) -> GroupSpec:
                        for pair in _list(row.get("kwargs")) if isinstance(pair, list) and len(pair) == 2)
         if not isinstance(args, tuple) or len(kwargs) != len(_list(row.get("kwargs"))):
             raise ArtifactError("malformed fused-group step arguments")
+        _bounded(op, args, dict(kwargs))
         steps.append(Step(op, args, kwargs, _dtype(row.get("dtype"))))
     outputs = tuple(_list(data.get("outputs")))
     if not outputs or not all(type(i) is int and 0 <= i < len(steps) for i in outputs):
@@ -259,11 +334,14 @@ def encode_graph(graph: fx.Graph, attr_index: dict[str, int] | None = None) -> l
             if attr_index is None or node.target not in attr_index:
                 raise ArtifactError(f"get_attr {node.target!r} is not a constant of the compiled graph")
             target: Any = {"attr": attr_index[node.target]}
+        elif isinstance(node.target, TensorMethod):  # a call_method node read back from an entry
+            target = node.target.name
         elif node.op == "call_function":
             target = _encode_target(node.target)
         else:
             target = _checked(_ATTRIBUTE, node.target, f"the {node.op} target")
-        rows.append([node.op, _checked(_IDENTIFIER, node.name, "a node name"), target,
+        op = "call_method" if isinstance(node.target, TensorMethod) else node.op
+        rows.append([op, _checked(_IDENTIFIER, node.name, "a node name"), target,
                      encode_value(node.args, index), encode_value(dict(node.kwargs), index)])
     return rows
 
@@ -283,15 +361,43 @@ def decode_graph(rows: Any, attr_targets: list[str] | None = None) -> fx.Graph:
             target = attr_targets[position]
         elif op == "call_function":
             target = _decode_target(target)
+        elif op == "call_method":
+            if target not in op_table.TENSOR_METHODS:
+                raise ArtifactError(f"{target!r} is not a tensor method a stored graph may call")
+            op, target = "call_function", TensorMethod(target)
         else:
             target = _checked(_ATTRIBUTE, target, f"the {op} target")
-            if op == "call_method" and (target.startswith("_") or not hasattr(torch.Tensor, target)):
-                raise ArtifactError(f"{target!r} is not a public tensor method")
         args, kwargs = decode_value(args, built), decode_value(kwargs, built)
         if not isinstance(args, tuple) or not isinstance(kwargs, dict):
             raise ArtifactError(f"malformed arguments of stored node {name!r}")
+        if op == "call_function":
+            _check_call(target, args, kwargs)
         built.append(graph.create_node(op, target, args, kwargs, name=_checked(_IDENTIFIER, name, "a node name")))
     return graph
+
+
+def _check_call(target: Any, args: tuple, kwargs: dict) -> None:
+    """The constant arguments of a decoded call are within bounds: sizes (op_table.size_refusal), a tensor
+    method's receiver (a node of the graph) and sizes, the strides the layout functions lay tensors out with."""
+    op = target.op if isinstance(target, Kernel) else target
+    if isinstance(op, torch._ops.OpOverload):
+        _bounded(op, args, kwargs)
+    elif isinstance(target, TensorMethod):
+        if not args or not isinstance(args[0], fx.Node):
+            raise ArtifactError(f"a stored .{target.name}() call without a receiver from the graph")
+        reason = op_table.method_size_refusal(target.name, args[1:])
+        if reason is not None:
+            raise ArtifactError(f"a stored graph asks for too much memory: {reason}")
+    elif target is match_strides or target is sole_input:
+        stride = args[1] if len(args) > 1 else None
+        if not isinstance(stride, tuple) or not all(type(v) is int and 0 <= v <= op_table.MAX_ELEMENTS for v in stride):
+            raise ArtifactError(f"a stored layout with strides {stride!r}")
+
+
+def _bounded(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> None:
+    reason = op_table.size_refusal(op, args, kwargs)
+    if reason is not None:
+        raise ArtifactError(f"a stored graph asks for too much memory: {reason}")
 
 
 def dump_region(lowered: fx.GraphModule) -> bytes:
@@ -312,6 +418,6 @@ def load_region(data: bytes) -> fx.GraphModule:
         raise ArtifactError(f"a lowered-region artifact that is not JSON: {exc}") from None
     graph = decode_graph(rows)
     for node in graph.nodes:
-        if node.op not in ("placeholder", "call_function", "output"):
+        if node.op not in ("placeholder", "call_function", "output") or isinstance(node.target, TensorMethod):
             raise ArtifactError(f"a lowered-region artifact with a {node.op} node")
     return fx.GraphModule(torch.nn.Module(), graph, class_name="LoadedRegion")
