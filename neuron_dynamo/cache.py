@@ -25,6 +25,11 @@ payload. The tag covers every other byte (magic, key id, header length, header, 
   miss: it is moved to quarantine and counted, never served and never a crash;
 * trust (cache_files.py): directories of a trusted owner that no one else may write, files opened without following
   links or blocking, explicit modes whatever the umask;
+* nothing below the root is done by path: the root is opened once (after it and its parents are checked) and every
+  directory below it is opened from its parent's descriptor without following a link and checked on its own
+  descriptor; files are created, read, renamed, listed and unlinked relative to those descriptors. A directory
+  swapped for a link after a check is refused (counted in `stats.errors`), and `prune` removes a file only from the
+  very directory it listed. The root's descriptor is held until `close()` (or until the cache is collected);
 * the cache never takes the model down: a failure to read, write, lock or evict (disk full, read-only media,
   permissions, a racing eviction) is counted in `stats.errors`, logged once per process and kind, and the program
   is compiled without the cache. An unusable root makes the constructor raise, unless `strict=False` (the
@@ -44,6 +49,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import fnmatch
 import hashlib
 import json
 import logging
@@ -53,6 +59,7 @@ import socket
 import stat
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -60,15 +67,21 @@ from pathlib import Path
 from neuron_dynamo.cache_auth import KEY_ID_LEN, TAG_LEN, Keyring, load_keyring
 from neuron_dynamo.cache_files import (
     CacheError,
+    Directory,
+    Place,
     UntrustedPathError,
     atomic_write,
-    check_dir,
     check_parents,
-    check_root,
+    list_names,
+    lstat_at,
     make_dir,
     make_parents,
+    move,
+    open_dir,
+    open_root,
     open_trusted,
     read_trusted,
+    remove,
 )
 from neuron_dynamo.errors import NeuronDynamoError
 
@@ -162,10 +175,13 @@ class CompileCache:
         if self.mode not in MODES:
             raise CacheError(f"cache mode {self.mode!r} is not one of {MODES}; pass cache='on', 'off' or 'readonly'")
         self.root = Path(self.root).expanduser()
-        self._base = self.root / LAYOUT_VERSION
+        self._base = self.root / LAYOUT_VERSION  # for messages: everything below the root goes through descriptors
         self._owners = frozenset({os.getuid(), 0})
         self._dir_mode, self._file_mode = 0o700, 0o600
-        self._checked: set[Path] = set()
+        self._root: Directory | None = None  # the root, opened once it and its parents are checked
+        self._closer: weakref.finalize | None = None
+        self._closed = False
+        self._opening = threading.Lock()  # a read-only cache missing at first is opened by the first use that finds it
         self._set_aside: set[str] = set()  # keys found bad where they cannot be moved (read-only): never read again
         self.unusable: str | None = None  # why the cache is not used at all (strict=False only)
         self.keys = Keyring(keys={}, own=None)  # who may have written the entries this cache serves
@@ -175,6 +191,7 @@ class CompileCache:
             self.keys = load_keyring(self.trusted_keys, cache_root=self.root)
             self._prepare_root()
         except (CacheError, OSError) as exc:
+            self._release()
             reason = str(exc) if isinstance(exc, CacheError) else (
                 f"cannot create the cache directory {self._base}: {exc}. Set NEURON_DYNAMO_CACHE_DIR or the option "
                 "cache_dir to a writable directory, or pass cache='off'")
@@ -188,22 +205,46 @@ class CompileCache:
         """Whether this cache reads anything at all (not off, not unusable)."""
         return self.mode != "off" and self.unusable is None
 
+    def close(self) -> None:
+        """Close the root's descriptor (also done when the cache is collected). Every later read misses and every
+        later write is counted in `stats.errors`. Call it only when no other thread uses the cache."""
+        self._closed = True
+        self._release()
+
+    def _release(self) -> None:
+        closer, self._closer, self._root = self._closer, None, None
+        if closer is not None:
+            closer()
+
+    def __enter__(self) -> CompileCache:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     # ----------------------------------------------------------------------------------------------- reading
     def get(self, key: str) -> CacheEntry | None:
         """The entry for `key`, or None. A corrupt entry is quarantined and reads as None."""
-        path = self._entry_path(key)
+        name = self._entry_name(key)
         if not self.active or key in self._set_aside:
             return None
         try:
-            self._directory("entries", key[:2])
-            fd = open_trusted(path, os.O_RDONLY, self._owners)
+            directory = self._open("entries", key[:2])
         except FileNotFoundError:
             return None
-        except UntrustedPathError as exc:
-            if path.parent in self._checked:  # a planted file in a directory of ours: move it aside
-                self._quarantine(path, key, str(exc))
-            else:
-                self._problem("read", exc)
+        except (OSError, CacheError) as exc:  # e.g. the directory swapped for a link: never followed
+            self._problem("read", exc)
+            return None
+        with directory:
+            return self._read_entry(Place(directory, name), key)
+
+    def _read_entry(self, place: Place, key: str) -> CacheEntry | None:
+        try:
+            fd = open_trusted(place, os.O_RDONLY, self._owners)
+        except FileNotFoundError:
+            return None
+        except UntrustedPathError as exc:  # a planted file in a directory of ours: move it aside
+            self._quarantine(place, key, str(exc))
             return None
         except OSError as exc:
             self._problem("read", exc)
@@ -222,17 +263,17 @@ class CompileCache:
         finally:
             os.close(fd)
         if body is None:
-            self._unauthenticated(path, key, raw)
+            self._unauthenticated(place, key, raw)
         elif entry is None:
-            self._quarantine(path, key, "checksum, size or header does not match")
+            self._quarantine(place, key, "checksum, size or header does not match")
         return entry
 
     def failure(self, key: str) -> str | None:
         """The reason of a cached, unexpired compile failure of `key`, or None (a malformed record is ignored)."""
-        path = self._base / "failures" / f"{key}.json"
+        name = f"{self._entry_name(key).removesuffix('.entry')}.json"
         try:
-            self._directory("failures")
-            record = json.loads(read_trusted(path, self._owners))
+            with self._open("failures") as directory:
+                record = json.loads(read_trusted(Place(directory, name), self._owners))
         except FileNotFoundError:
             return None
         except (OSError, CacheError, ValueError) as exc:
@@ -246,7 +287,7 @@ class CompileCache:
     # ----------------------------------------------------------------------------------------------- writing
     def put(self, key: str, payload: bytes, meta: Mapping | None = None) -> None:
         """Store `payload` under `key` atomically (no-op unless mode is "on"; a failed write is counted)."""
-        path = self._entry_path(key)
+        name = self._entry_name(key)
         if self.mode != "on" or self.unusable:
             return
         header = {
@@ -258,8 +299,8 @@ class CompileCache:
         }
         try:
             blob = encode_entry(header, payload, self.keys)
-            self._directory("entries", key[:2], create=True)
-            atomic_write(path, blob, self._file_mode)
+            with self._open("entries", key[:2], create=True) as directory:
+                atomic_write(Place(directory, name), blob, self._file_mode)
         except (OSError, CacheError) as exc:
             self._problem("write", exc)
             return
@@ -268,13 +309,14 @@ class CompileCache:
 
     def record_failure(self, key: str, reason: str) -> None:
         """Remember that compiling `key` failed, for `failure_ttl` seconds."""
+        name = f"{self._entry_name(key).removesuffix('.entry')}.json"
         if self.mode != "on" or self.unusable or self.failure_ttl <= 0:
             return
         now = time.time()
         record = {"key": key, "reason": reason, "created": now, "expires": now + self.failure_ttl}
         try:
-            directory = self._directory("failures", create=True)
-            atomic_write(directory / f"{key}.json", json.dumps(record).encode(), self._file_mode)
+            with self._open("failures", create=True) as directory:
+                atomic_write(Place(directory, name), json.dumps(record).encode(), self._file_mode)
         except (OSError, CacheError) as exc:
             self._problem("write", exc)
             return
@@ -320,7 +362,20 @@ class CompileCache:
 
     def discard(self, key: str, reason: str) -> None:
         """Quarantine an entry that reads back whole but cannot be used (counted as corrupt, compiled again)."""
-        self._quarantine(self._entry_path(key), key, reason)
+        name = self._entry_name(key)
+        try:
+            directory = self._open("entries", key[:2]) if self.active else None
+        except FileNotFoundError:  # nothing left to move
+            directory = None
+        except (OSError, CacheError) as exc:
+            self._quarantine(None, key, reason)
+            self._problem("write", exc)
+            return
+        if directory is None:
+            self._quarantine(None, key, reason)
+            return
+        with directory:
+            self._quarantine(Place(directory, name), key, reason)
 
     def _hit(self, key: str, accept: Callable[[CacheEntry], bool] | None = None) -> CacheEntry | None:
         entry = self.get(key)
@@ -353,36 +408,39 @@ class CompileCache:
     @contextlib.contextmanager
     def _lock(self, key: str) -> Iterator[None]:
         """An exclusive flock on the key's lock file; without it (logged) when it cannot be had in time."""
-        fd = self._acquire(self._base / "locks" / f"{key}.lock")
-        if fd is None:
-            yield
-            return
-        path = self._base / "locks" / f"{key}.lock"
+        name = f"{self._entry_name(key).removesuffix('.entry')}.lock"
         try:
-            try:  # who holds it, for waiters to detect a dead holder; a full disk only costs that detection
-                os.ftruncate(fd, 0)
-                record = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}
-                os.write(fd, json.dumps(record).encode())
-            except OSError as exc:
-                self._problem("lock", exc)
-            yield
-        finally:
-            with contextlib.suppress(OSError):
-                os.unlink(path)
-            os.close(fd)
-
-    def _acquire(self, path: Path) -> int | None:
-        """The locked descriptor of `path`, or None: lock unusable, holder gone, or `lock_timeout` passed."""
-        try:
-            self._directory("locks", create=True)
+            directory = self._open("locks", create=True)
         except (OSError, CacheError) as exc:
             self._problem("lock", exc)
-            return None
+            yield
+            return
+        with directory:
+            place = Place(directory, name)
+            fd = self._acquire(place)
+            if fd is None:
+                yield
+                return
+            try:
+                try:  # who holds it, for waiters to detect a dead holder; a full disk only costs that detection
+                    os.ftruncate(fd, 0)
+                    record = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}
+                    os.write(fd, json.dumps(record).encode())
+                except OSError as exc:
+                    self._problem("lock", exc)
+                yield
+            finally:
+                with contextlib.suppress(OSError):
+                    remove(place)
+                os.close(fd)
+
+    def _acquire(self, place: Place) -> int | None:
+        """The locked descriptor of `place`, or None: lock unusable, holder gone, or `lock_timeout` passed."""
         deadline = time.monotonic() + self.lock_timeout
         waited = False
         while True:
             try:
-                fd = open_trusted(path, os.O_RDWR | os.O_CREAT, self._owners, self._file_mode)
+                fd = open_trusted(place, os.O_RDWR | os.O_CREAT, self._owners, self._file_mode)
             except (OSError, CacheError) as exc:
                 self._problem("lock", exc)
                 return None
@@ -396,19 +454,19 @@ class CompileCache:
                 if not waited:
                     waited = True
                     self.stats.lock_waits += 1
-                holder = _read_holder(path)
+                holder = _read_holder(place)
                 if _holder_gone(holder):
                     log.warning("cache lock %s is held for process %s, which no longer runs; compiling without it",
-                                path, holder.get("pid"))
+                                place, holder.get("pid"))
                     return None
                 if time.monotonic() > deadline:
                     self.stats.lock_timeouts += 1
                     log.warning("cache lock %s still held by %s after %.0f s (option cache_lock_timeout); compiling "
-                                "without it", path, holder, self.lock_timeout)
+                                "without it", place, holder, self.lock_timeout)
                     return None
                 time.sleep(0.05)
                 continue
-            if _same_file(fd, path):  # not a lock file that `clear_locks` or a holder unlinked while we waited
+            if _same_file(fd, place):  # not a lock file that `clear_locks` or a holder unlinked while we waited
                 return fd
             os.close(fd)
 
@@ -416,21 +474,21 @@ class CompileCache:
     def entries(self) -> list[EntryInfo]:
         """Every entry that reads and verifies (tag, then header), oldest use first; the others are left out."""
         infos = []
-        for path in self._entry_files():
-            found = _read_header(path, self._owners, self.keys)
+        for place in self._entry_files():
+            found = _read_header(place, self._owners, self.keys)
             if found is not None:
                 header, st = found
-                infos.append(EntryInfo(key=header["key"], path=path, size=st.st_size, created=header["created"],
-                                       last_used=st.st_mtime, meta=header["meta"]))
+                infos.append(EntryInfo(key=header["key"], path=place.path, size=st.st_size,
+                                       created=header["created"], last_used=st.st_mtime, meta=header["meta"]))
         return sorted(infos, key=lambda info: info.last_used)
 
     def verify(self) -> list[str]:
         """Check every entry's tag, then re-hash it; quarantine and return the keys of those that fail."""
         corrupt = []
-        for path in self._entry_files():
-            key = path.name.removesuffix(".entry")
+        for place in self._entry_files():
+            key = place.name.removesuffix(".entry")
             try:
-                raw = read_trusted(path, self._owners)
+                raw = read_trusted(place, self._owners)
             except FileNotFoundError:  # evicted meanwhile
                 continue
             except UntrustedPathError:
@@ -440,10 +498,10 @@ class CompileCache:
                 continue
             body = _unseal(raw, self.keys)
             if raw and body is None:
-                self._unauthenticated(path, key, raw)
+                self._unauthenticated(place, key, raw)
                 corrupt.append(key)
             elif body is None or _decode(body, key) is None:
-                self._quarantine(path, key, "does not verify")
+                self._quarantine(place, key, "does not verify")
                 corrupt.append(key)
         return corrupt
 
@@ -451,117 +509,243 @@ class CompileCache:
         """Evict entries unused for `older_than` seconds, then least recently used ones above `max_bytes`.
 
         Also removes the quarantine and temporary files that writers which died left behind. Returns the number of
-        entries evicted.
+        entries evicted. Everything is removed through the descriptors of the directories listed: never through a
+        link, and never from a directory that was swapped after it was listed (counted in `stats.errors`).
         """
         if self.mode != "on":
             raise CacheError(f"cannot prune a cache opened with mode={self.mode!r}; open it with cache='on'")
         if self.unusable:
             return 0
-        infos = self.stored()
+        found = self._stored()
         now = time.time()
         keep, evict = [], []
-        for info in infos:
-            (evict if older_than is not None and now - info.last_used > older_than else keep).append(info)
+        for item in found:
+            (evict if older_than is not None and now - item[0].last_used > older_than else keep).append(item)
         if max_bytes is not None:
-            total = sum(info.size for info in keep)
+            total = sum(info.size for info, *_ in keep)
             while keep and total > max_bytes:
                 oldest = keep.pop(0)
-                total -= oldest.size
+                total -= oldest[0].size
                 evict.append(oldest)
-        evicted = sum(_remove(info.path) for info in evict)
+        evicted = self._evict(evict)
         self.stats.evicted += evicted
         self._remove_leftovers(now)
         return evicted
 
     def clear_locks(self) -> int:
         """Remove every lock file (for locks left on file systems where flock locks do not die with the holder)."""
-        return sum(_remove(path) for path in self._listing("locks", "*.lock"))
+        directory = self._subdir("locks")
+        if directory is None:
+            return 0
+        with directory:
+            return sum(self._remove(Place(directory, name)) for name in _names(directory, "*.lock"))
 
     def locks(self) -> list[dict]:
         """The lock files present, with their holders."""
-        return [{"key": p.name.removesuffix(".lock"), **_read_holder(p)} for p in self._listing("locks", "*.lock")]
+        directory = self._subdir("locks")
+        if directory is None:
+            return []
+        with directory:
+            return [{"key": name.removesuffix(".lock"), **_read_holder(Place(directory, name))}
+                    for name in _names(directory, "*.lock")]
 
     # ---------------------------------------------------------------------------------------------- internals
-    def _prepare_root(self) -> None:
-        if self.mode == "readonly":  # never create anything: a missing shared cache just misses
+    def _prepare_root(self, quiet: bool = False) -> None:
+        if self.mode == "readonly":  # never create anything: a missing shared cache just misses (until it exists)
             if not self._base.is_dir():
-                log.info("read-only compile cache %s does not exist: every program is compiled", self._base)
+                if not quiet:
+                    log.info("read-only compile cache %s does not exist: every program is compiled until it does",
+                             self._base)
                 return
             self._owners |= {self.root.stat().st_uid}  # a shared cache: its owner is the one the reader trusts
         else:
             make_parents(self.root)
             make_dir(self.root, 0o700)
         check_parents(self.root, self._owners)
-        check_root(self.root, self._owners)
-        shared = self.root.stat().st_mode & 0o055  # what the root grants group and others, its entries grant too
+        root = open_root(self.root, self._owners)  # checks the root, then the descriptor it opens
+        self._root, self._closer = root, weakref.finalize(self, root.close)
+        shared = root.st.st_mode & 0o055  # what the root grants group and others, its entries grant too
         self._dir_mode, self._file_mode = 0o700 | shared, 0o600 | (shared & 0o044)
-        self._directory(create=self.mode == "on")
+        with self._open(create=self.mode == "on"):
+            pass
 
-    def _directory(self, *parts: str, create: bool = False) -> Path:
-        """`v1/<parts>`, each level checked once per process (and created with the cache's mode if `create`)."""
-        path = self._base
-        for part in ("", *parts):
-            path = path / part if part else path
-            if path in self._checked:
-                continue
-            if create:
-                make_dir(path, self._dir_mode)
-            check_dir(path, self._owners)
-            self._checked.add(path)
-        return path
+    def _open(self, *parts: str, create: bool = False) -> Directory:
+        """`v1/<parts>`, opened level by level from the root's descriptor, never following a link, each level checked
+        on its descriptor (and created with the cache's mode if `create`). The caller closes it."""
+        if self._closed:
+            raise CacheError(f"the compile cache {self.root} is closed")
+        root = self._root
+        if root is None and self.mode == "readonly" and self.unusable is None:
+            root = self._open_late()
+        if root is None:  # a read-only cache that does not exist (yet), or an unusable one: nothing to read
+            raise FileNotFoundError(errno.ENOENT, "the cache directory is not open", str(self._base))
+        current, opened = root, None
+        try:
+            for part in (LAYOUT_VERSION, *parts):
+                place = Place(current, part)
+                try:
+                    current = open_dir(place, self._owners)
+                except FileNotFoundError:
+                    if not create:
+                        raise
+                    make_dir(place, self._dir_mode)
+                    current = open_dir(place, self._owners)
+                if opened is not None:
+                    opened.close()
+                opened = current
+        except BaseException:
+            if opened is not None:
+                opened.close()
+            raise
+        return current
+
+    def _open_late(self) -> Directory | None:
+        """Open a read-only cache that did not exist when this object was made, once it does: the same checks of the
+        parents, the root and `v1` as at first, then the root's descriptor is kept as if opened then."""
+        with self._opening:
+            if self._root is None and not self._closed:
+                try:
+                    self._prepare_root(quiet=True)
+                except BaseException:
+                    self._release()
+                    raise
+            return self._root
+
+    def _subdir(self, subdir: str) -> Directory | None:
+        """The open `v1/<subdir>`, or None if it is missing or untrusted (counted)."""
+        try:
+            return self._open(subdir)
+        except FileNotFoundError:
+            return None
+        except (OSError, CacheError) as exc:
+            self._problem("read", exc)
+            return None
 
     def stored(self) -> list[EntryInfo]:
         """Every entry file, verified or not, with its size and last use from `lstat` alone: what `prune` weighs
         (it reads nothing of an entry; a planted file takes space too, and evicting it is harmless)."""
-        infos = []
-        for path in self._entry_files():
-            with contextlib.suppress(OSError):
-                st = path.lstat()
-                if stat.S_ISREG(st.st_mode):
-                    infos.append(EntryInfo(key=path.name.removesuffix(".entry"), path=path, size=st.st_size,
-                                           created=st.st_mtime, last_used=st.st_mtime, meta={}))
-        return sorted(infos, key=lambda info: info.last_used)
+        return [info for info, *_ in self._stored()]
 
-    def _entry_files(self) -> list[Path]:
-        paths = []
-        for directory in self._listing("entries", "*"):
-            try:
-                check_dir(directory, self._owners)
-            except FileNotFoundError:
-                continue
-            except (OSError, CacheError) as exc:
-                self._problem("read", exc)
-                continue
-            paths.extend(sorted(directory.glob("*.entry")))
-        return paths
+    def _stored(self) -> list[tuple[EntryInfo, str, tuple[int, int]]]:
+        """`stored()`, each entry with its directory's name and identity (what `_evict` removes it from)."""
+        found = []
+        for directory, kk in self._entry_dirs():
+            for name in _names(directory, "*.entry"):
+                place = Place(directory, name)
+                with contextlib.suppress(OSError):
+                    st = lstat_at(place)
+                    if stat.S_ISREG(st.st_mode):
+                        info = EntryInfo(key=name.removesuffix(".entry"), path=place.path, size=st.st_size,
+                                         created=st.st_mtime, last_used=st.st_mtime, meta={})
+                        found.append((info, kk, directory.identity))
+        return sorted(found, key=lambda item: item[0].last_used)
 
-    def _listing(self, subdir: str, pattern: str) -> list[Path]:
-        """The names matching `pattern` in a checked `v1/<subdir>` (none if it is missing or untrusted)."""
+    def _evict(self, evict: list[tuple[EntryInfo, str, tuple[int, int]]]) -> int:
+        """Unlink the entries `_stored` found, each in the very directory it was listed in: the directory is opened
+        again without following a link, and must be the one listed (device and inode), else nothing is removed."""
+        by_directory: dict[tuple[str, tuple[int, int]], list[str]] = {}
+        for info, kk, identity in evict:
+            by_directory.setdefault((kk, identity), []).append(f"{info.key}.entry")
+        if not by_directory:
+            return 0
         try:
-            return sorted(self._directory(subdir).glob(pattern))
-        except FileNotFoundError:
-            return []
+            entries = self._open("entries")
         except (OSError, CacheError) as exc:
-            self._problem("read", exc)
-            return []
+            self._problem("evict", exc)
+            return 0
+        removed = 0
+        with entries:
+            for (kk, identity), names in by_directory.items():
+                try:
+                    directory = open_dir(Place(entries, kk), self._owners)
+                except FileNotFoundError:
+                    continue
+                except (OSError, CacheError) as exc:  # swapped for a link, or no longer trusted: refused
+                    self._problem("evict", exc)
+                    continue
+                with directory:
+                    if directory.identity != identity:
+                        self._problem("evict", UntrustedPathError(
+                            f"the cache directory {directory.path} was replaced while it was pruned; nothing is "
+                            "removed from it"))
+                        continue
+                    removed += sum(self._remove(Place(directory, name)) for name in names)
+        return removed
+
+    def _entry_dirs(self) -> Iterator[tuple[Directory, str]]:
+        """Each `v1/entries/<kk>` directory, open and checked, with its name; closed when the caller moves on."""
+        entries = self._subdir("entries")
+        if entries is None:
+            return
+        with entries:
+            for kk in _names(entries, "*"):
+                try:
+                    directory = open_dir(Place(entries, kk), self._owners)
+                except FileNotFoundError:
+                    continue
+                except (OSError, CacheError) as exc:
+                    self._problem("read", exc)
+                    continue
+                with directory:
+                    yield directory, kk
+
+    def _entry_files(self) -> Iterator[Place]:
+        """Each `*.entry` name, in its open directory (valid until the caller takes the next one)."""
+        for directory, _ in self._entry_dirs():
+            for name in _names(directory, "*.entry"):
+                yield Place(directory, name)
 
     def _remove_leftovers(self, now: float) -> None:
-        for path in self._listing("quarantine", "*"):
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                _remove(path)
-        for path in [*self._listing("entries", "*/.*.tmp"), *self._listing("failures", ".*.tmp")]:
+        quarantine = self._subdir("quarantine")
+        if quarantine is not None:
+            with quarantine:
+                for name in _names(quarantine, "*"):
+                    place = Place(quarantine, name)
+                    try:
+                        is_dir = stat.S_ISDIR(lstat_at(place).st_mode)
+                    except OSError:
+                        continue
+                    if is_dir:  # removed through descriptors, never following a link (shutil's fd-based walk)
+                        shutil.rmtree(name, dir_fd=quarantine.fd, ignore_errors=True)
+                    else:
+                        self._remove(place)
+        for directory, _ in self._entry_dirs():
+            self._remove_orphans(directory, now)
+        failures = self._subdir("failures")
+        if failures is not None:
+            with failures:
+                self._remove_orphans(failures, now)
+
+    def _remove_orphans(self, directory: Directory, now: float) -> None:
+        """Remove the temporary files of writers that died (older than ORPHAN_SECONDS)."""
+        for name in _names(directory, ".*.tmp"):
+            place = Place(directory, name)
             with contextlib.suppress(OSError):
-                if now - path.lstat().st_mtime > ORPHAN_SECONDS:
-                    _remove(path)
+                if now - lstat_at(place).st_mtime > ORPHAN_SECONDS:
+                    self._remove(place)
+
+    def _remove(self, place: Place) -> int:
+        """Unlink `place` (never following a link); 1 if this call removed it, 0 if it was gone already."""
+        try:
+            remove(place)
+        except FileNotFoundError:
+            return 0
+        except OSError as exc:
+            log.debug("cannot remove %s: %s", place, exc)
+            return 0
+        return 1
+
+    def _entry_name(self, key: str) -> str:
+        """The entry file's name of a valid key (a lowercase hex digest: one path component, nothing to escape)."""
+        if not isinstance(key, str) or len(key) < 8 or not all(c in "0123456789abcdef" for c in key):
+            raise CacheError(f"cache key {key!r} is not a lowercase hex digest; build keys with make_key()")
+        return f"{key}.entry"
 
     def _entry_path(self, key: str) -> Path:
-        if len(key) < 8 or not all(c in "0123456789abcdef" for c in key):
-            raise CacheError(f"cache key {key!r} is not a lowercase hex digest; build keys with make_key()")
-        return self._base / "entries" / key[:2] / f"{key}.entry"
+        """Where the entry of `key` is, for messages and tests only: the cache never operates on this path."""
+        return self._base / "entries" / key[:2] / self._entry_name(key)
 
-    def _unauthenticated(self, path: Path, key: str, raw: bytes) -> None:
+    def _unauthenticated(self, place: Place, key: str, raw: bytes) -> None:
         """Count and quarantine an entry whose tag does not verify, saying why (the key id is only reported)."""
         self.stats.unauthenticated += 1
         signer = raw[len(MAGIC):_SIGNED].decode("ascii", "replace")
@@ -571,19 +755,23 @@ class CompileCache:
             reason = "its tag does not verify: altered or forged"
         else:
             reason = f"signed by key {signer!r}, which is neither yours nor listed in cache_trusted_keys"
-        self._quarantine(path, key, f"not authenticated: {reason}")
+        self._quarantine(place, key, f"not authenticated: {reason}")
 
-    def _quarantine(self, path: Path, key: str, reason: str) -> None:
+    def _quarantine(self, place: Place | None, key: str, reason: str) -> None:
+        """Count a corrupt entry and move it (`place`, None: nothing to move) into `v1/quarantine`, by descriptors."""
         self.stats.corrupt += 1
+        shown = place if place is not None else self._entry_path(key)
         if self.mode != "on" or self.unusable:
             self._set_aside.add(key)
             log.warning("corrupt cache entry %s (%s): treated as a miss and ignored by this process (the cache is "
-                        "read-only, so it stays in place)", path, reason)
+                        "read-only, so it stays in place)", shown, reason)
             return
-        log.warning("corrupt cache entry %s (%s): treated as a miss and moved to quarantine", path, reason)
+        log.warning("corrupt cache entry %s (%s): treated as a miss and moved to quarantine", shown, reason)
+        if place is None:
+            return
         try:
-            target = self._directory("quarantine", create=True) / f"{key}.{time.time_ns()}.entry"
-            os.replace(path, target)
+            with self._open("quarantine", create=True) as quarantine:
+                move(place, Place(quarantine, f"{key}.{time.time_ns()}.entry"))
         except FileNotFoundError:
             pass
         except (OSError, CacheError) as exc:
@@ -597,7 +785,8 @@ class CompileCache:
             _warned.add((str(self.root), kind))
         message = {"root": "compile cache %s is not used: %s", "read": "compile cache %s: cannot read (%s); compiling",
                    "write": "compile cache %s: cannot write (%s); the program runs uncached",
-                   "lock": "compile cache %s: cannot lock (%s); compiling without the lock"}[kind]
+                   "lock": "compile cache %s: cannot lock (%s); compiling without the lock",
+                   "evict": "compile cache %s: cannot evict or clean up (%s); the files stay in place"}[kind]
         (log.warning if first else log.debug)(message, self.root, error)
 
 
@@ -657,10 +846,18 @@ def _well_formed(header: object) -> bool:
             and isinstance(header.get("created"), float | int) and not isinstance(header.get("created"), bool))
 
 
-def _read_header(path: Path, owners: frozenset[int], keys: Keyring) -> tuple[dict, os.stat_result] | None:
+def _names(directory: Directory, pattern: str) -> list[str]:
+    """The names in an open directory matching `pattern` (as glob does: `*` skips dot files), read through its
+    descriptor."""
+    hidden = pattern.startswith(".")
+    return [name for name in list_names(directory)
+            if fnmatch.fnmatchcase(name, pattern) and (hidden or not name.startswith("."))]
+
+
+def _read_header(place: Place, owners: frozenset[int], keys: Keyring) -> tuple[dict, os.stat_result] | None:
     """The header of an entry that verifies (the whole file is read: the tag covers the payload too), or None."""
     try:
-        fd = open_trusted(path, os.O_RDONLY, owners)
+        fd = open_trusted(place, os.O_RDONLY, owners)
     except (OSError, CacheError):
         return None
     with os.fdopen(fd, "rb") as f:
@@ -673,9 +870,10 @@ def _read_header(path: Path, owners: frozenset[int], keys: Keyring) -> tuple[dic
     return None if parts is None else (parts[0], st)
 
 
-def _read_holder(path: Path) -> dict:
+def _read_holder(place: Place) -> dict:
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        fd = os.open(place.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                     dir_fd=place.directory.fd)
     except OSError:
         return {}
     try:
@@ -701,20 +899,8 @@ def _holder_gone(holder: dict) -> bool:
     return False
 
 
-def _same_file(fd: int, path: Path) -> bool:
+def _same_file(fd: int, place: Place) -> bool:
     try:
-        return os.fstat(fd).st_ino == os.lstat(path).st_ino
+        return os.fstat(fd).st_ino == lstat_at(place).st_ino
     except FileNotFoundError:
         return False
-
-
-def _remove(path: Path) -> int:
-    """Unlink `path` (never following a link); 1 if this call removed it, 0 if it was gone already."""
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        return 0
-    except OSError as exc:
-        log.debug("cannot remove %s: %s", path, exc)
-        return 0
-    return 1

@@ -54,7 +54,6 @@ DEVICE_TYPE = "neuron"
 MODULE = "torch_neuronx"
 TESTED_RELEASES = ("2.14",)  # the torch-neuronx lines this adapter was written against
 DOCUMENTED = ("nki_op", "wrap_nki")  # the attributes of torch_neuronx this module calls
-DEVICE_MODES = ("eager", "graph")
 OP_NAMESPACE = "neuron_dynamo"
 VERSION_FACTS = {"torch_neuronx": "torch-neuronx", "nki": "nki", "neuronx_cc": "neuronx-cc"}
 
@@ -129,7 +128,10 @@ def logical_nc_config(lnc_option: int) -> int:
     """options.lnc, else NEURON_LOGICAL_NC_CONFIG (what TorchNeuron and nki read), else 1 (nki's default)."""
     if lnc_option:
         return lnc_option
-    return int(os.environ.get("NEURON_LOGICAL_NC_CONFIG") or 1)
+    value = os.environ.get("NEURON_LOGICAL_NC_CONFIG", "").strip() or "1"
+    if value not in ("1", "2"):
+        raise TorchNeuronError(f"NEURON_LOGICAL_NC_CONFIG={value!r}: the logical NeuronCore degree is 1 or 2")
+    return int(value)
 
 
 def compiler_flags() -> list[str]:
