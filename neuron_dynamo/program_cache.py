@@ -34,11 +34,13 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+from torch.utils._pytree import tree_leaves
 
 from neuron_dynamo import counters
 from neuron_dynamo.cache import CacheEntry, CompileCache, default_cache_dir, make_key
 from neuron_dynamo.cache_key import PROGRAM_FORMAT, key_parts, structure_parts
 from neuron_dynamo.errors import NeuronDynamoError
+from neuron_dynamo.lowering import op_table
 from neuron_dynamo.lowering.artifact import decode_graph, encode_graph
 from neuron_dynamo.options import Options
 
@@ -99,8 +101,32 @@ def encode_program(built: BuiltProgram, gm: fx.GraphModule, target: Any) -> byte
     return json.dumps(document, separators=(",", ":")).encode()
 
 
+# A stored program may ask for tensors of at most this many times the live graph's largest (bucket padding,
+# packed attention and layout copies stay well within it).
+ELEMENT_MARGIN = 64
+
+
+def element_bound(gm: fx.GraphModule) -> int:
+    """What a stored program of `gm` may ask to allocate: a margin over the largest tensor `gm` itself holds
+    (the ceiling `op_table.MAX_ELEMENTS` when a size is symbolic or the graph records none)."""
+    largest = 0
+    for node in gm.graph.nodes:
+        for value in tree_leaves(node.meta.get("val")):
+            if isinstance(value, torch.Tensor):
+                try:
+                    largest = max(largest, int(value.numel()))
+                except (TypeError, ValueError, RuntimeError):  # symbolic
+                    return op_table.MAX_ELEMENTS
+    return max(ELEMENT_MARGIN * largest, 2**20) if largest else op_table.MAX_ELEMENTS
+
+
 def decode_program(payload: bytes, gm: fx.GraphModule, target: Any, wrap: Callable[[Any], torch.nn.Module]):
     """The program module and report fields stored in `payload`, for the graph `gm` of this process."""
+    with op_table.element_limit(element_bound(gm)):
+        return _decode_program(payload, gm, target, wrap)
+
+
+def _decode_program(payload: bytes, gm: fx.GraphModule, target: Any, wrap: Callable[[Any], torch.nn.Module]):
     document = json.loads(payload)
     if not isinstance(document, dict) or document.get("format") != PROGRAM_FORMAT:
         raise UncacheableError(f"not a program entry of format {PROGRAM_FORMAT}")

@@ -340,3 +340,21 @@ def test_a_program_with_collectives_reads_back(cache_dir):
     (entry,) = cache_dir.glob("v1/entries/*/*.entry")
     ops = {row[2].get("op") for row in _read_document(entry)["graph"] if row[0] == "call_function"}
     assert "_c10d_functional.all_reduce.default" in ops, ops
+
+
+def test_a_program_entry_may_ask_only_a_margin_over_its_live_graphs_largest_tensor(no_effects):
+    """Decoding an entry for a graph of this process bounds its sizes by that graph, not by what the entry says."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from neuron_dynamo.lowering.op_table import element_limit
+    from neuron_dynamo.program_cache import ELEMENT_MARGIN, element_bound
+
+    live = make_fx(lambda x: (x @ x).relu(), tracing_mode="fake")(torch.randn(64, 64))
+    bound = element_bound(live)
+    assert bound == max(ELEMENT_MARGIN * 64 * 64, 2**20)
+    asks = lambda n: [placeholder("x"), call("z", {"op": "aten.zeros.default"}, ints(n)), output(1)]  # noqa: E731
+    with element_limit(bound):
+        decode_graph(asks(bound))  # what the program may use decodes
+        with pytest.raises(ArtifactError):
+            decode_graph(asks(bound + 1))  # below the global ceiling, above what this program could need
+    assert bound + 1 < MAX_ELEMENTS

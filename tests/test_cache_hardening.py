@@ -78,13 +78,16 @@ FACTORY = textwrap.dedent("""
 """)
 
 
-def test_a_warm_that_could_not_store_exits_non_zero_with_the_count(tmp_path, cache_dir, monkeypatch, capsys):
+@pytest.mark.parametrize("failure", [errno.ENOSPC, errno.EROFS])
+def test_a_warm_that_could_not_store_exits_non_zero_with_the_count(tmp_path, cache_dir, monkeypatch, capsys,
+                                                                   failure):
+    """A full disk, or a file system mounted read-only: the shapes run, nothing is stored, and warm says so."""
     (tmp_path / "warm_models.py").write_text(FACTORY)
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
 
-    def full_disk(path, data, mode):
-        raise OSError(errno.ENOSPC, "No space left on device")
+    def full_disk(*args, **kwargs):
+        raise OSError(failure, os.strerror(failure))
 
     monkeypatch.setattr(cache_module, "atomic_write", full_disk)
     status = main(["warm", "warm_models:linear", "--seq-lens", "8", "--dynamic", "false", "-o", "target=reference",

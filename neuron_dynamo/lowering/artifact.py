@@ -11,7 +11,7 @@ own (the directory checks of cache.py keep strangers out; this keeps a planted e
   is generated again on load;
 * a `call_method` node names a method of `op_table.TENSOR_METHODS` and runs only on a tensor (`TensorMethod`);
   size arithmetic takes numbers only and stays within int64 (`_Arithmetic`);
-* constant sizes are bounded (`op_table.MAX_ELEMENTS` elements per size argument or fused-group shape);
+* constant sizes are bounded (`op_table.max_elements()` elements per size argument or fused-group shape);
 * every string that `torch.fx` pastes into the Python source of a GraphModule (placeholder and attribute targets,
   method names, keyword names, node names) must be an identifier;
 * constants are JSON scalars or tagged values (floats by `repr`, dtypes, devices, memory formats, layouts,
@@ -235,8 +235,8 @@ def _decode_target(target: Any) -> Any:
         shape = target.get("shape")
         if not isinstance(shape, list) or not all(type(size) is int and size >= 0 for size in shape):
             raise ArtifactError(f"malformed fused kernel shape {shape!r}")
-        if math.prod(shape) > op_table.MAX_ELEMENTS:
-            raise ArtifactError(f"a fused kernel of more than {op_table.MAX_ELEMENTS} elements")
+        if math.prod(shape) > op_table.max_elements():
+            raise ArtifactError(f"a fused kernel of more than {op_table.max_elements()} elements")
         return FusedKernel(_decode_spec(target["fused"]), shape)
     if "pattern" in target:
         if target["pattern"] not in PATTERN_KERNELS:
@@ -390,7 +390,8 @@ def _check_call(target: Any, args: tuple, kwargs: dict) -> None:
             raise ArtifactError(f"a stored graph asks for too much memory: {reason}")
     elif target is match_strides or target is sole_input:
         stride = args[1] if len(args) > 1 else None
-        if not isinstance(stride, tuple) or not all(type(v) is int and 0 <= v <= op_table.MAX_ELEMENTS for v in stride):
+        limit = op_table.max_elements()
+        if not isinstance(stride, tuple) or not all(type(v) is int and 0 <= v <= limit for v in stride):
             raise ArtifactError(f"a stored layout with strides {stride!r}")
 
 

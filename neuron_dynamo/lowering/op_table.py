@@ -29,14 +29,18 @@ their own (artifact.py).
 
 Sizes: an entry's integers can ask for memory. `size_refusal` bounds every constant size argument of an op call —
 the product of the ints of a size-like argument (`size`, `shape`, `repeats`, `pad`, `n`, `steps`, ...), the span of a
-constant size/stride pair, the length of a constant `arange` — by `MAX_ELEMENTS`. The stored graph records no
-sizes of its own (and an attacker would write those too), so this is a hard ceiling, not the program's own sizes.
+constant size/stride pair, the length of a constant `arange` — by `max_elements()`: `MAX_ELEMENTS` at most, and while
+a program entry is decoded for a graph of this process, a margin over that graph's own largest tensor (the stored
+graph's sizes are the attacker's to write, the live graph's are not).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -44,6 +48,24 @@ import torch
 # No stored graph may ask for a tensor of more elements than this: 16 Gi elements, 32 GiB in bf16, more than one
 # NeuronCore's share of device memory.
 MAX_ELEMENTS = 2**34
+# While a program entry is decoded for a graph of this process: that graph's own largest tensor, times a margin
+# (`element_limit`). An entry then cannot ask for more memory than the program it claims to be would use.
+_limit: contextvars.ContextVar[int] = contextvars.ContextVar("neuron_dynamo_element_limit", default=MAX_ELEMENTS)
+
+
+def max_elements() -> int:
+    """The most elements a decoded size may ask for now (see `element_limit`)."""
+    return _limit.get()
+
+
+@contextlib.contextmanager
+def element_limit(elements: int) -> Iterator[None]:
+    """Decode inside with sizes bounded by `elements` (never above MAX_ELEMENTS)."""
+    token = _limit.set(min(int(elements), MAX_ELEMENTS))
+    try:
+        yield
+    finally:
+        _limit.reset(token)
 
 _NAMESPACES = ("aten", "prims")
 # Schema type kinds that are plain data (dtype, layout and memory format are ints in a schema).
@@ -165,13 +187,13 @@ def _product(values: list[int]) -> int:
     total = 1
     for value in values:
         total *= max(abs(value), 1)
-        if total > MAX_ELEMENTS:  # stop early: the ints themselves may be huge
+        if total > max_elements():  # stop early: the ints themselves may be huge
             break
     return total
 
 
 def size_refusal(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> str | None:
-    """None if the constant size arguments of this call of `op` ask for at most MAX_ELEMENTS elements."""
+    """None if the constant size arguments of this call of `op` ask for at most max_elements() elements."""
     named: dict[str, Any] = {}
     for position, argument in enumerate(op._schema.arguments):
         if position < len(args) and not argument.kwarg_only:
@@ -185,15 +207,15 @@ def size_refusal(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> str | 
             continue
         if name in _SIZE_ARGUMENTS:
             sizes += ints
-        elif name in _STRIDE_ARGUMENTS and any(abs(v) > MAX_ELEMENTS for v in ints):
-            return f"{_qualified(op)} has a stride beyond {MAX_ELEMENTS}"
-    if _product(sizes) > MAX_ELEMENTS:
-        return f"{_qualified(op)} asks for more than {MAX_ELEMENTS} elements"
+        elif name in _STRIDE_ARGUMENTS and any(abs(v) > max_elements() for v in ints):
+            return f"{_qualified(op)} has a stride beyond {max_elements()}"
+    if _product(sizes) > max_elements():
+        return f"{_qualified(op)} asks for more than {max_elements()} elements"
     size, stride = _ints(named.get("size")), _ints(named.get("stride"))
     if size and stride and len(size) == len(stride):
         span = sum((max(s, 1) - 1) * abs(t) for s, t in zip(size, stride, strict=True)) + 1
-        if span > MAX_ELEMENTS:
-            return f"{_qualified(op)} spans more than {MAX_ELEMENTS} elements"
+        if span > max_elements():
+            return f"{_qualified(op)} spans more than {max_elements()} elements"
     if _qualified(op) in _RANGES:
         return _range_refusal(op, named)
     return None
@@ -205,17 +227,17 @@ def _range_refusal(op: torch._ops.OpOverload, named: dict[str, Any]) -> str | No
         return None  # a symbolic bound: sized by the program's inputs
     if step == 0 or not all(math.isfinite(v) for v in (start, end, step)):
         return None  # torch refuses these itself
-    if (end - start) / step > MAX_ELEMENTS:
-        return f"{_qualified(op)} asks for more than {MAX_ELEMENTS} elements"
+    if (end - start) / step > max_elements():
+        return f"{_qualified(op)} asks for more than {max_elements()} elements"
     return None
 
 
 def method_size_refusal(name: str, args: tuple) -> str | None:
-    """None if a `call_method` node's constant sizes ask for at most MAX_ELEMENTS elements (args after the
+    """None if a `call_method` node's constant sizes ask for at most max_elements() elements (args after the
     receiver: `x.view(2, 3)` or `x.view((2, 3))`)."""
     if name not in SIZING_METHODS:
         return None
     sizes = [v for arg in args for v in (_ints(arg) or [])]
-    if _product(sizes) > MAX_ELEMENTS:
-        return f"Tensor.{name} asks for more than {MAX_ELEMENTS} elements"
+    if _product(sizes) > max_elements():
+        return f"Tensor.{name} asks for more than {max_elements()} elements"
     return None
