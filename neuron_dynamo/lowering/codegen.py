@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 from neuron_dynamo.errors import NeuronDynamoError
 
@@ -56,13 +57,23 @@ def nki_dtype(dtype: torch.dtype) -> str:
         raise CodegenError(f"dtype {dtype} has no NKI storage type; cast it to float32 first") from None
 
 
+def check_within(least: torch.Tensor, most: torch.Tensor, low: float, high: float, error: Exception) -> None:
+    """Raise `error` unless low <= least and most <= high (0-dim tensors: a data check on the host, before a kernel
+    that would read out of bounds). While a region is traced for TorchNeuron's compiler the values are unknown, so
+    the check becomes an assertion inside the graph, run on the device."""
+    if isinstance(least, FakeTensor):
+        torch._assert_async((least >= low) & (most <= high), str(error))
+    elif least.item() < low or most.item() > high:
+        raise error
+
+
 def to_device(t: torch.Tensor) -> torch.Tensor:
     """The tensor as the device stores it: int64 narrowed to int32 (checked), bool as 0/1 bytes."""
     if t.dtype == torch.int64:
         if t.numel():
             low, high = torch.aminmax(t)
-            if low.item() < INT32_RANGE[0] or high.item() > INT32_RANGE[1]:
-                raise CodegenError("an int64 tensor holds values outside int32, which NKI cannot store")
+            check_within(low, high, *INT32_RANGE,
+                         CodegenError("an int64 tensor holds values outside int32, which NKI cannot store"))
         return t.to(torch.int32)
     if t.dtype == torch.bool:
         return t.to(torch.uint8)

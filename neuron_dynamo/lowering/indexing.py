@@ -54,8 +54,8 @@ def _check_bounds(index: torch.Tensor, size: int, what: str, negative: bool = Tr
     low = -size if negative else 0
     if index.numel():
         least, most = torch.aminmax(index)
-        if least.item() < low or most.item() >= size:
-            raise codegen.CodegenError(f"{what}: an index is out of range for a dim of size {size}")
+        codegen.check_within(least, most, low, size - 1,
+                             codegen.CodegenError(f"{what}: an index is out of range for a dim of size {size}"))
 
 
 def _source_refusal(value: torch.Tensor) -> str | None:

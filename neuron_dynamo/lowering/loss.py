@@ -58,14 +58,13 @@ def _labels(target: torch.Tensor, classes: int, ignore_index: int) -> torch.Tens
     """The labels as the kernel reads them (int32), after the bounds check torch itself makes: an out-of-range
     label would make the indirect DMA read another row."""
     if target.numel():
+        error = codegen.CodegenError(f"a cross-entropy label is outside [0, {classes}) and is not the ignore_index "
+                                     f"{ignore_index}")
         if classes:  # the ignored labels as 0, a class: one min and max over the rest
             least, most = torch.aminmax(torch.where(target == ignore_index, 0, target))
-            outside = least.item() < 0 or most.item() >= classes
-        else:
-            outside = bool((target != ignore_index).any())
-        if outside:
-            raise codegen.CodegenError(f"a cross-entropy label is outside [0, {classes}) and is not the "
-                                       f"ignore_index {ignore_index}")
+        else:  # every label must be ignored: as if the only class were the ignore_index
+            least = most = (target != ignore_index).any().to(target.dtype)
+        codegen.check_within(least, most, 0, max(classes - 1, 0), error)
         if target.dtype == torch.int64 and codegen.INT32_RANGE[0] <= ignore_index <= codegen.INT32_RANGE[1]:
             return target.to(torch.int32)  # every value is checked to fit
     return codegen.to_device(target)

@@ -155,7 +155,16 @@ def test_graph_mode_hands_each_region_and_bucket_to_torchneurons_compiler_once(r
             out = compiled(x.to("neuron"), w.to("neuron"))
             worst = max(worst, (out.cpu() - fn(x, w)).abs().max().item())
             handed.append(len([h for h in record.handoffs if any("neuron_dynamo." in t for t in h["targets"])]))
-        print(json.dumps({"worst": worst, "handed": handed, "stats": ours()}))
+        toy = ours()
+        torch.manual_seed(0)
+        model = llama().eval()  # a real model: its index range checks become assertions inside the graph
+        ids = torch.randint(0, 128, (2, 17))
+        with torch.no_grad():
+            want = model(ids).logits
+            got = torch.compile(model.to("neuron"), backend="neuron_dynamo", options={"device_mode": "graph"})(
+                ids.to("neuron")).logits
+        print(json.dumps({"worst": worst, "handed": handed, "stats": toy, "llama": ours(),
+                          "llama_worst": (got.cpu() - want).abs().max().item()}))
     """)
     assert result["worst"] < 1e-4
     stats = result["stats"]
@@ -165,6 +174,9 @@ def test_graph_mode_hands_each_region_and_bucket_to_torchneurons_compiler_once(r
     handed = result["handed"]
     assert handed[-1] == stats["neuron.graph_handoffs"] == stats["regions_compiled"]
     assert stats["programs_compiled"] == 3 and handed[3:] == [handed[2]] * 3
+    llama = result["llama"]
+    assert result["llama_worst"] < 1e-4 and llama.get("neuron.graph_handoff_failed", 0) == 0
+    assert llama["neuron.graph_handoffs"] > stats["neuron.graph_handoffs"]
 
 
 def test_static_cache_generate_from_device_map_neuron_runs_the_user_code_unchanged(run, tmp_path):
