@@ -135,6 +135,16 @@ def test_a_symlinked_layout_directory_is_refused_at_open_and_a_regular_file_too(
 
 
 # ---------------------------------------------------------------------------------------- swapped during prune
+def link_after_moving(away: Path, victim: Path):
+    """A `replace` for `swapping_listing`: the listed directory moves to `away`, a link to `victim` takes its place."""
+
+    def replace(directory: Path) -> None:
+        directory.rename(away)
+        directory.symlink_to(victim, target_is_directory=True)
+
+    return replace
+
+
 def swapping_listing(monkeypatch, directory: Path, pattern: str, replace):
     """Make the cache's own listing of `directory` (with `pattern`) swap it right after it was listed, once."""
     real = cache_module._names
@@ -191,10 +201,7 @@ def test_the_quarantine_swapped_while_prune_empties_it(tmp_path, monkeypatch):
     outside = snapshot(tmp_path, skip=root)
     away = root / "away"
 
-    def replace(directory):
-        directory.rename(away)
-        directory.symlink_to(victim, target_is_directory=True)
-
+    replace = link_after_moving(away, victim)
     done = swapping_listing(monkeypatch, quarantine, "*", replace)
     cache.prune()
     assert done and snapshot(tmp_path, skip=root) == outside
@@ -214,10 +221,7 @@ def test_orphans_swapped_while_prune_removes_them(tmp_path, monkeypatch):
     outside = snapshot(tmp_path, skip=root)
     away = root / "away"
 
-    def replace(directory):
-        directory.rename(away)
-        directory.symlink_to(victim, target_is_directory=True)
-
+    replace = link_after_moving(away, victim)
     done = swapping_listing(monkeypatch, kk, ".*.tmp", replace)
     cache.prune()
     assert done and snapshot(tmp_path, skip=root) == outside
